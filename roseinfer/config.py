@@ -1,0 +1,59 @@
+"""EngineConfig: every engine option in one frozen, validated dataclass."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+_DTYPES = ("float32", "bfloat16", "float16")
+_QUANTIZATIONS = ("none",)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | None = None  # HF dir, .gguf or .pt; None = bundled SmolLM2-135M-Instruct
+    dtype: str = "float32"  # compute / KV-cache dtype
+    device: str = "cpu"  # "cpu", "cuda", "cuda:0", or "auto"
+    quantization: str | None = None  # weight format: None/"none" (exact), "fp16", "int8"
+    block_size: int = 16  # tokens per KV block
+    kv_cache_memory_gb: float = 1.0  # KV pool budget (ignored when num_kv_blocks is set)
+    num_kv_blocks: int | None = None  # explicit KV pool size in blocks
+    max_num_seqs: int = 64  # most requests in one step
+    max_num_batched_tokens: int = 1024  # token budget of one step (prefill chunk size)
+    max_model_len: int | None = None  # default: the model's context, capped by the pool
+    enable_prefix_caching: bool = True
+    num_threads: int | None = None  # torch threads; default = usable cores
+    seed: int = 0  # seed of the RNG used by unseeded sampled requests
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"EngineConfig.dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        quant = self.quantization
+        if quant is not None and quant not in _QUANTIZATIONS:
+            raise ValueError(
+                f"EngineConfig.quantization must be None or one of {_QUANTIZATIONS}, got {quant!r}"
+            )
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"EngineConfig.{name} must be an int >= 1, got {value!r}")
+        if self.num_kv_blocks is not None and (
+            not isinstance(self.num_kv_blocks, int) or self.num_kv_blocks < 1
+        ):
+            raise ValueError(f"EngineConfig.num_kv_blocks must be >= 1, got {self.num_kv_blocks!r}")
+        if self.kv_cache_memory_gb <= 0:
+            raise ValueError(
+                f"EngineConfig.kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb!r}"
+            )
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"EngineConfig.max_model_len must be >= 2, got {self.max_model_len!r}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"EngineConfig.num_threads must be >= 1, got {self.num_threads!r}")
+
+    def resolved_num_threads(self) -> int:
+        if self.num_threads is not None:
+            return self.num_threads
+        try:
+            return max(1, len(os.sched_getaffinity(0)))
+        except AttributeError:  # pragma: no cover - non-Linux
+            return max(1, os.cpu_count() or 1)

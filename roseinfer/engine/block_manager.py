@@ -1,0 +1,216 @@
+"""BlockManager: the KV block pool — allocation, reference counts, prefix cache.
+
+Every block is in exactly one of three states:
+
+- used:   ref_count > 0 (in some request's block table);
+- cached: ref_count == 0 but it holds a full block registered in the prefix
+          cache, so a later request with the same prefix can reuse it;
+- free:   ref_count == 0 and holds nothing worth keeping.
+
+Cached and free blocks both sit in ``_free_queue`` (an ordered dict used as an
+LRU list: evict from the front, release to the back). A fresh allocation takes
+the front block and drops its cache entry, so cached blocks are evicted least
+recently used first and a block in use is never evicted.
+
+Prefix caching: the i-th full block of a sequence is keyed by a chain hash of
+(hash of block i-1, token ids of block i). A lookup walks the chain and stops at
+the first miss; a hit is confirmed against the stored parent hash and token ids,
+so a hash collision can never reuse wrong K/V.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from roseinfer.engine.request import Request
+
+HashFn = Callable[[int | None, tuple[int, ...]], int]
+
+
+def chain_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
+    """Hash of one full block given its parent's hash (None for the first block)."""
+    return hash((parent, token_ids))
+
+
+@dataclass(slots=True)
+class Block:
+    block_id: int
+    ref_count: int = 0
+    block_hash: int | None = None  # set while registered in the prefix cache
+    parent_hash: int | None = None
+    token_ids: tuple[int, ...] = ()
+
+
+class BlockManager:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        hash_fn: HashFn = chain_hash,
+    ) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError("num_blocks and block_size must be >= 1")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self._hash_fn = hash_fn
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self._free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self._cached: dict[int, int] = {}  # block hash -> block id
+        # Prefix-cache counters (tokens), read by metrics.
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+
+    # ------------------------------------------------------------------ state
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks with no user (free or cached): what an allocation can take."""
+        return len(self._free_queue)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Unused blocks that still hold a reusable prefix."""
+        return sum(1 for b in self._free_queue if self.blocks[b].block_hash is not None)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self._free_queue)
+
+    @property
+    def usage(self) -> float:
+        return self.num_used_blocks / self.num_blocks
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # ------------------------------------------------------------ prefix hash
+    def update_block_hashes(self, request: Request) -> None:
+        """Extend ``request.block_hashes`` to cover every full block of its tokens."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        hashes = request.block_hashes
+        tokens = request.all_token_ids
+        while (len(hashes) + 1) * bs <= len(tokens):
+            i = len(hashes)
+            parent = hashes[-1] if hashes else None
+            hashes.append(self._hash_fn(parent, tuple(tokens[i * bs:(i + 1) * bs])))
+
+    def find_cached_blocks(self, request: Request) -> list[int]:
+        """Block ids of the longest cached prefix of ``request`` (not yet referenced).
+
+        At least one token is always left to compute, so the last position has
+        logits: a full hit is cut back by one block.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        self.update_block_hashes(request)
+        bs = self.block_size
+        max_blocks = (request.num_tokens - 1) // bs
+        hits: list[int] = []
+        parent: int | None = None
+        tokens = request.all_token_ids
+        for i, h in enumerate(request.block_hashes[:max_blocks]):
+            block_id = self._cached.get(h)
+            if block_id is None:
+                break
+            block = self.blocks[block_id]
+            if block.parent_hash != parent or block.token_ids != tuple(tokens[i * bs:(i + 1) * bs]):
+                break  # hash collision: not the same content
+            hits.append(block_id)
+            parent = h
+        return hits
+
+    def record_prefix_lookup(self, num_queried_tokens: int, num_hit_tokens: int) -> None:
+        self.prefix_queries += num_queried_tokens
+        self.prefix_hits += num_hit_tokens
+
+    # ------------------------------------------------------------- allocation
+    def can_allocate(self, request: Request, num_new_tokens: int, cached: Sequence[int] = ()) -> bool:
+        needed = self._num_new_blocks(request, num_new_tokens, cached)
+        reusable_free = sum(1 for b in cached if self.blocks[b].ref_count == 0)
+        return needed + reusable_free <= len(self._free_queue)
+
+    def allocate(self, request: Request, num_new_tokens: int, cached: Sequence[int] = ()) -> bool:
+        """Give ``request`` blocks for ``num_new_tokens`` more tokens.
+
+        ``cached`` (only for a request with no blocks yet) are prefix-cache hits
+        to take a reference on; the request's computed count moves past them.
+        Returns False, changing nothing, when the pool cannot supply the blocks.
+        """
+        if not self.can_allocate(request, num_new_tokens, cached):
+            return False
+        if cached:
+            assert not request.block_table, "cached blocks only for a fresh request"
+            for block_id in cached:
+                block = self.blocks[block_id]
+                if block.ref_count == 0:
+                    del self._free_queue[block_id]
+                block.ref_count += 1
+                request.block_table.append(block_id)
+            request.num_computed_tokens = len(cached) * self.block_size
+        for _ in range(self._num_new_blocks(request, num_new_tokens, ())):
+            request.block_table.append(self._take_fresh_block())
+        return True
+
+    def _num_new_blocks(self, request: Request, num_new_tokens: int, cached: Sequence[int]) -> int:
+        have = len(request.block_table) + len(cached)
+        computed = len(cached) * self.block_size if cached else request.num_computed_tokens
+        return max(0, self.blocks_needed(computed + num_new_tokens) - have)
+
+    def _take_fresh_block(self) -> int:
+        block_id, _ = self._free_queue.popitem(last=False)
+        block = self.blocks[block_id]
+        if block.block_hash is not None:  # evict its cached prefix
+            if self._cached.get(block.block_hash) == block_id:
+                del self._cached[block.block_hash]
+            block.block_hash = None
+            block.parent_hash = None
+            block.token_ids = ()
+        block.ref_count = 1
+        return block_id
+
+    def free(self, request: Request) -> None:
+        """Drop the request's references; tail blocks go to the front of the LRU."""
+        for block_id in reversed(request.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            assert block.ref_count >= 0, f"block {block_id} freed twice"
+            if block.ref_count == 0:
+                if block.block_hash is None:
+                    self._free_queue[block_id] = None
+                    self._free_queue.move_to_end(block_id, last=False)
+                else:
+                    self._free_queue[block_id] = None  # cached: most recently used
+        request.block_table = []
+
+    def cache_full_blocks(self, request: Request) -> None:
+        """Register the request's newly computed full blocks in the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        self.update_block_hashes(request)
+        bs = self.block_size
+        num_full = min(request.num_computed_tokens // bs, len(request.block_hashes))
+        tokens = request.all_token_ids
+        for i in range(num_full):
+            block = self.blocks[request.block_table[i]]
+            h = request.block_hashes[i]
+            if block.block_hash is not None or h in self._cached:
+                continue  # already registered (ours, or an identical block of another request)
+            block.block_hash = h
+            block.parent_hash = request.block_hashes[i - 1] if i else None
+            block.token_ids = tuple(tokens[i * bs:(i + 1) * bs])
+            self._cached[h] = block.block_id
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every unused cached block (used ones keep their entries)."""
+        for block_id in list(self._free_queue):
+            block = self.blocks[block_id]
+            if block.block_hash is not None:
+                self._cached.pop(block.block_hash, None)
+                block.block_hash = None
+                block.parent_hash = None
+                block.token_ids = ()

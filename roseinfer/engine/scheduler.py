@@ -1,0 +1,214 @@
+"""Scheduler: decides which tokens of which requests run in the next step.
+
+There are no separate prefill and decode phases: every request has
+``num_computed_tokens`` catching up with ``num_tokens`` under one token budget
+per step. Running requests go first (a decode is one token; an unfinished
+prefill gets its next chunk), then waiting requests are admitted FCFS while the
+budget, ``max_num_seqs`` and free KV blocks last. When a running request needs a
+block and none is free, the newest running request is preempted: its blocks are
+freed and it goes back to the front of the waiting queue, to be recomputed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from roseinfer.engine.block_manager import BlockManager
+from roseinfer.engine.request import Request, RequestStatus
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int
+
+    @property
+    def completes(self) -> bool:
+        """True when this chunk reaches the end of the request's tokens (so it samples)."""
+        r = self.request
+        return r.num_computed_tokens + self.num_new_tokens == r.num_tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+    ) -> None:
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions = 0
+
+    # ------------------------------------------------------------- admission
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        if request.num_prompt_tokens >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {request.num_prompt_tokens} tokens but max_model_len is "
+                f"{self.max_model_len} (the prompt plus at least one generated token must fit)"
+            )
+        request.status = RequestStatus.WAITING
+        self.waiting.append(request)
+        self.requests[request.request_id] = request
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -------------------------------------------------------------- schedule
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        bm = self.block_manager
+
+        # 1. Running requests, oldest first: decodes and unfinished prefill chunks.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            while not bm.allocate(req, num_new):
+                victim = self.running.pop()  # newest
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is req:
+                    break
+            else:
+                out.scheduled.append(ScheduledRequest(req, num_new))
+                budget -= num_new
+                i += 1
+                continue
+            break  # req itself was preempted: nothing older needs its blocks
+
+        # 2. Waiting requests, FCFS, unless this step had to preempt.
+        pending_hashes: set[int] = set()  # blocks being computed this step, not yet cached
+        for s in out.scheduled:
+            pending_hashes.update(self._uncomputed_hashes(s.request))
+        skipped: list[Request] = []
+        while self.waiting and budget > 0 and not out.preempted:
+            if len(self.running) >= self.max_num_seqs:
+                break
+            req = self.waiting[0]
+            cached = bm.find_cached_blocks(req)
+            if self._waits_for_shared_prefix(req, len(cached), pending_hashes):
+                skipped.append(self.waiting.popleft())  # its prefix is being computed now
+                continue
+            num_computed = len(cached) * bm.block_size
+            num_new = min(req.num_tokens - num_computed, budget)
+            if not bm.allocate(req, num_new, cached):
+                break
+            self.waiting.popleft()
+            if req.status is RequestStatus.WAITING:  # first admission, not a resume
+                req.num_cached_tokens = num_computed
+                bm.record_prefix_lookup(req.num_tokens, num_computed)
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            out.scheduled.append(ScheduledRequest(req, num_new))
+            budget -= num_new
+            pending_hashes.update(self._uncomputed_hashes(req))
+        self.waiting.extendleft(reversed(skipped))
+        return out
+
+    def _uncomputed_hashes(self, req: Request) -> list[int]:
+        if not self.block_manager.enable_prefix_caching:
+            return []
+        self.block_manager.update_block_hashes(req)
+        bs = self.block_manager.block_size
+        first = req.num_computed_tokens // bs
+        return req.block_hashes[first:]
+
+    def _waits_for_shared_prefix(self, req: Request, num_hits: int, pending: set[int]) -> bool:
+        """True if the request's next uncached block is being computed by another request."""
+        if not pending or num_hits >= len(req.block_hashes):
+            return False
+        return req.block_hashes[num_hits] in pending
+
+    def _preempt(self, req: Request) -> None:
+        self.block_manager.free(req)
+        req.num_computed_tokens = 0
+        req.status = RequestStatus.PREEMPTED
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    # ---------------------------------------------------------------- update
+    def update(
+        self, out: SchedulerOutput, sampled: Sequence[int | None]
+    ) -> list[Request]:
+        """Apply one step's results; return requests that received a new token.
+
+        ``sampled[i]`` is the token for ``out.scheduled[i]`` when that chunk
+        completed the request's tokens, else None (a partial prefill chunk).
+        Finishing on EOS / stop ids / length happens here; stop strings are the
+        engine's (detokenizer) call via ``finish_request``.
+        """
+        bm = self.block_manager
+        advanced: list[Request] = []
+        for s, token in zip(out.scheduled, sampled, strict=True):
+            req = s.request
+            if req.is_finished:  # aborted during the step
+                continue
+            req.num_computed_tokens += s.num_new_tokens
+            if token is None:
+                bm.cache_full_blocks(req)
+                continue
+            req.append_token(token)
+            bm.cache_full_blocks(req)
+            advanced.append(req)
+            self._check_stop(req, token)
+        return advanced
+
+    def _check_stop(self, req: Request, token: int) -> None:
+        p = req.params
+        past_min = req.num_output_tokens >= p.min_tokens
+        if past_min and not p.ignore_eos and token in req.eos_token_ids:
+            self.finish_request(req, RequestStatus.FINISHED_STOPPED)
+        elif past_min and token in p.stop_token_ids:
+            req.stop_reason = token
+            self.finish_request(req, RequestStatus.FINISHED_STOPPED)
+        elif req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.max_model_len:
+            self.finish_request(req, RequestStatus.FINISHED_LENGTH)
+
+    def finish_request(self, req: Request, status: RequestStatus) -> None:
+        """Finish (or abort) a request in any state and free its blocks at once."""
+        if req.is_finished:
+            return
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self.block_manager.free(req)
+        req.status = status
+        self.requests.pop(req.request_id, None)
+
+    def abort_request(self, request_id: str) -> Request | None:
+        req = self.requests.get(request_id)
+        if req is not None:
+            self.finish_request(req, RequestStatus.FINISHED_ABORTED)
+        return req

@@ -1,0 +1,120 @@
+"""LLM: the offline batch API over the engine (``LLM(model).generate(prompts, params)``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from roseinfer.config import EngineConfig
+from roseinfer.engine.engine import LLMEngine
+from roseinfer.outputs import RequestOutput
+from roseinfer.sampling_params import SamplingParams
+
+Prompt = str | list[int]
+
+
+class LLM:
+    """Offline inference: ``LLM(model=None, **engine_options)``.
+
+    ``model`` is an HF directory, a .gguf or a .pt file; None serves the bundled
+    SmolLM2-135M-Instruct. Engine options are the fields of ``EngineConfig``.
+    """
+
+    def __init__(self, model: str | None = None, **engine_options: Any) -> None:
+        self.engine = LLMEngine(EngineConfig(model=model, **engine_options))
+
+    @classmethod
+    def from_engine(cls, engine: LLMEngine) -> LLM:
+        llm = cls.__new__(cls)
+        llm.engine = engine
+        return llm
+
+    @property
+    def tokenizer(self):  # noqa: ANN201 - the model's Tokenizer (or None)
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt (continuously batched); outputs in prompt order."""
+        prompt_list = _as_prompt_list(prompts)
+        param_list = _as_param_list(params, len(prompt_list))
+        ids = []
+        try:
+            for prompt, p in zip(prompt_list, param_list, strict=True):
+                rid = self.engine.next_request_id()
+                self.engine.add_request(rid, prompt, p)
+                ids.append(rid)
+            finals: dict[str, RequestOutput] = {}
+            while len(finals) < len(ids):
+                for out in self.engine.step():
+                    if out.finished:
+                        finals[out.request_id] = out
+        except BaseException:
+            for rid in ids:
+                self.engine.abort_request(rid)
+            raise
+        return [finals[rid] for rid in ids]
+
+    def chat(
+        self,
+        messages: list[dict[str, str]] | Sequence[list[dict[str, str]]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Apply the model's chat template to each conversation and generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [self.render_chat(conv) for conv in conversations]  # type: ignore[arg-type]
+        return self.generate(prompts, params)
+
+    def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        if self.engine.tokenizer is None:
+            raise ValueError("this model has no tokenizer, so no chat template")
+        text = self.engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return self.engine.tokenizer.encode(text, add_special_tokens=False)
+
+    def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[str]:
+        """Generate for one prompt, yielding text deltas as they are produced.
+
+        Other requests already in the engine keep running alongside it.
+        """
+        params = params or SamplingParams()
+        if params.n != 1:
+            raise ValueError("stream() takes one sequence: SamplingParams.n must be 1")
+        rid = self.engine.next_request_id()
+        self.engine.add_request(rid, prompt, params)
+        done = False
+        try:
+            while not done:
+                for out in self.engine.step():
+                    if out.request_id != rid:
+                        continue
+                    if out.outputs[0].delta_text:
+                        yield out.outputs[0].delta_text
+                    done = out.finished
+        finally:
+            if not done:
+                self.engine.abort_request(rid)
+
+
+def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+    if isinstance(prompts, str):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and all(isinstance(t, int) for t in prompts):
+        return [prompts]  # type: ignore[list-item]  # one prompt of token ids
+    return prompts  # type: ignore[return-value]
+
+
+def _as_param_list(
+    params: SamplingParams | Sequence[SamplingParams] | None, n: int
+) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams()] * n
+    if isinstance(params, SamplingParams):
+        return [params] * n
+    params = list(params)
+    if len(params) != n:
+        raise ValueError(f"got {len(params)} SamplingParams for {n} prompts")
+    return params
