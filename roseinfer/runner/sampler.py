@@ -1,0 +1,302 @@
+"""Batched token sampling for one engine step.
+
+``SamplingBatch.from_requests`` turns the per-request ``SamplingParams`` of the
+running sequences into per-row tensors (plus flags that let the fast paths skip
+work), and ``Sampler`` turns a ``[B, V]`` block of last-position logits into one
+token per row. Everything is vectorised over the batch; the only per-row Python
+loop draws the noise of *seeded* rows from their own generators, so that a
+seeded row yields the same tokens whatever else is in the batch.
+
+Processing order (vLLM / HF / OpenAI conventions):
+
+1. suppression: ``suppress_token_ids`` set to ``-inf`` (min_tokens: the engine
+   passes EOS + stop_token_ids for rows below ``min_tokens``);
+2. repetition penalty (HF): over prompt AND output tokens,
+   ``logit > 0 ? logit / p : logit * p``;
+3. presence / frequency penalties (OpenAI): over OUTPUT tokens only,
+   ``logit -= presence * (count > 0) + frequency * count``;
+4. greedy rows: argmax of the penalised logits;
+5. sampled rows: ``/ temperature`` -> top-k -> top-p -> min-p -> softmax ->
+   exponential-race sample (``argmax(probs / Exponential(1))``).
+
+Logprobs are always those of the raw model distribution (``log_softmax`` of the
+logits passed in), as vLLM reports them by default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import chain
+
+import torch
+from torch import Tensor
+
+from roseinfer.sampling_params import SamplingParams
+
+# Temperatures below this are treated as greedy (dividing by ~0 overflows).
+_GREEDY_EPS = 1e-5
+
+
+@dataclass(slots=True)
+class SamplingBatch:
+    """Per-row sampling state for a batch of B sequences over a vocab of V."""
+
+    temperature: Tensor  # [B] float32, 1.0 on greedy rows
+    top_k: Tensor  # [B] int64 in [1, V]; V where disabled or greedy
+    top_p: Tensor  # [B] float32 in (0, 1]; 1.0 where greedy
+    min_p: Tensor  # [B] float32 in [0, 1]; 0.0 where greedy
+    repetition_penalty: Tensor  # [B] float32 (1.0 = off)
+    presence_penalty: Tensor  # [B] float32 (0.0 = off)
+    frequency_penalty: Tensor  # [B] float32 (0.0 = off)
+    greedy: Tensor  # [B] bool
+    generators: list[torch.Generator | None]  # None = unseeded row (default RNG)
+    seeded_rows: tuple[int, ...]  # sampled (non-greedy) rows with a generator
+    output_token_counts: Tensor | None  # [B, V] float32 counts of output tokens; None if no penalty
+    seen_token_mask: Tensor | None  # [B, V] bool, prompt or output token; None if no penalty
+    suppress_mask: Tensor | None  # [B, V] bool, True = forbidden; None if nothing suppressed
+    max_num_logprobs: int | None  # max `logprobs` over rows; None = nobody asked
+    vocab_size: int
+    all_greedy: bool
+    any_greedy: bool
+    any_topk: bool
+    any_topp: bool
+    any_minp: bool
+    any_penalty: bool
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.generators)
+
+    @property
+    def any_suppress(self) -> bool:
+        return self.suppress_mask is not None
+
+    @classmethod
+    def from_requests(
+        cls,
+        params: Sequence[SamplingParams],
+        prompt_token_ids: Sequence[Sequence[int]],
+        output_token_ids: Sequence[Sequence[int]],
+        generators: Sequence[torch.Generator | None],
+        suppress_token_ids: Sequence[Sequence[int]],
+        vocab_size: int,
+        device: torch.device,
+    ) -> SamplingBatch:
+        """Build the batch; every sequence argument has one entry per row."""
+        b, v = len(params), int(vocab_size)
+        for name, seq in (
+            ("prompt_token_ids", prompt_token_ids),
+            ("output_token_ids", output_token_ids),
+            ("generators", generators),
+            ("suppress_token_ids", suppress_token_ids),
+        ):
+            if len(seq) != b:
+                raise ValueError(f"{name} has {len(seq)} rows, expected {b}")
+        if b == 0 or v <= 0:
+            raise ValueError(f"need a non-empty batch and vocab, got B={b}, V={v}")
+
+        greedy = [p.temperature < _GREEDY_EPS for p in params]
+        # Neutral values on greedy rows so the flags only reflect sampled rows.
+        temperature, top_k, top_p, min_p = [1.0] * b, [v] * b, [1.0] * b, [0.0] * b
+        for i, p in enumerate(params):
+            if not greedy[i]:
+                temperature[i], top_p[i], min_p[i] = p.temperature, p.top_p, p.min_p
+                top_k[i] = v if p.top_k <= 0 else min(p.top_k, v)
+        rep = [float(p.repetition_penalty) for p in params]
+        pres = [float(p.presence_penalty) for p in params]
+        freq = [float(p.frequency_penalty) for p in params]
+        any_penalty = any(r != 1.0 for r in rep) or any(pres) or any(freq)
+
+        counts = seen = None
+        if any_penalty:
+            counts = _token_counts(output_token_ids, v, device)
+            seen = _token_counts(prompt_token_ids, v, device) > 0
+            seen |= counts > 0
+        suppress = None
+        if any(len(ids) for ids in suppress_token_ids):
+            suppress = _token_counts(suppress_token_ids, v, device) > 0
+
+        requested = [p.logprobs for p in params if p.logprobs is not None]
+
+        def f32(values: list[float]) -> Tensor:
+            return torch.tensor(values, dtype=torch.float32, device=device)
+
+        return cls(
+            temperature=f32(temperature),
+            top_k=torch.tensor(top_k, dtype=torch.int64, device=device),
+            top_p=f32(top_p),
+            min_p=f32(min_p),
+            repetition_penalty=f32(rep),
+            presence_penalty=f32(pres),
+            frequency_penalty=f32(freq),
+            greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
+            generators=list(generators),
+            seeded_rows=tuple(
+                i for i, g in enumerate(generators) if g is not None and not greedy[i]
+            ),
+            output_token_counts=counts,
+            seen_token_mask=seen,
+            suppress_mask=suppress,
+            max_num_logprobs=max(requested) if requested else None,
+            vocab_size=v,
+            all_greedy=all(greedy),
+            any_greedy=any(greedy),
+            any_topk=any(k < v for k in top_k),
+            any_topp=any(p < 1.0 for p in top_p),
+            any_minp=any(p > 0.0 for p in min_p),
+            any_penalty=any_penalty,
+        )
+
+
+@dataclass(slots=True)
+class SamplerOutput:
+    token_ids: Tensor  # [B] int64
+    logprobs: Tensor | None  # [B] float32 raw logprob of the sampled token
+    top_logprobs: tuple[Tensor, Tensor] | None  # ([B, N] int64 ids, [B, N] float32), raw
+
+
+class Sampler:
+    """Stateless: picks one token per row from ``[B, V]`` float logits."""
+
+    def __call__(self, logits: Tensor, batch: SamplingBatch) -> SamplerOutput:
+        if logits.dim() != 2 or logits.shape != (batch.batch_size, batch.vocab_size):
+            raise ValueError(
+                f"logits shape {tuple(logits.shape)} != "
+                f"(B={batch.batch_size}, V={batch.vocab_size})"
+            )
+        logits = logits.float()  # no copy when already float32
+        plain = not (batch.any_penalty or batch.any_suppress)
+        if batch.all_greedy and plain and batch.max_num_logprobs is None:
+            return SamplerOutput(logits.argmax(dim=-1), None, None)
+
+        # Out-of-place below: the caller's logits are never modified.
+        x = logits  # [B, V]
+        if batch.suppress_mask is not None:
+            x = x.masked_fill(batch.suppress_mask, float("-inf"))
+        if batch.any_penalty:
+            assert batch.output_token_counts is not None and batch.seen_token_mask is not None
+            x = apply_penalties(
+                x,
+                batch.seen_token_mask,
+                batch.output_token_counts,
+                batch.repetition_penalty,
+                batch.presence_penalty,
+                batch.frequency_penalty,
+            )
+
+        if batch.all_greedy:
+            token_ids = x.argmax(dim=-1)
+        else:
+            token_ids = self._sample(x, batch)
+            if batch.any_greedy:
+                token_ids = torch.where(batch.greedy, x.argmax(dim=-1), token_ids)
+
+        logprobs = top = None
+        if batch.max_num_logprobs is not None:
+            raw = torch.log_softmax(logits, dim=-1)  # [B, V]
+            logprobs = raw.gather(1, token_ids.unsqueeze(1)).squeeze(1)  # [B]
+            if batch.max_num_logprobs > 0:
+                values, ids = raw.topk(min(batch.max_num_logprobs, raw.shape[1]), dim=-1)
+                top = (ids, values)  # [B, N] each
+        return SamplerOutput(token_ids, logprobs, top)
+
+    @staticmethod
+    def _sample(x: Tensor, batch: SamplingBatch) -> Tensor:
+        """Temperature, top-k/top-p/min-p, then the exponential race. x: [B, V]."""
+        x = x / batch.temperature.unsqueeze(1)
+        if batch.any_topk or batch.any_topp:
+            x = apply_top_k_top_p(
+                x,
+                batch.top_k if batch.any_topk else None,
+                batch.top_p if batch.any_topp else None,
+            )
+        if batch.any_minp:
+            x = apply_min_p(x, batch.min_p)
+        probs = torch.softmax(x, dim=-1)  # [B, V]
+        noise = exponential_noise(probs, batch.generators, batch.seeded_rows)
+        return probs.div_(noise).argmax(dim=-1)
+
+
+def apply_penalties(
+    logits: Tensor,
+    seen_mask: Tensor,
+    output_counts: Tensor,
+    repetition_penalty: Tensor,
+    presence_penalty: Tensor,
+    frequency_penalty: Tensor,
+) -> Tensor:
+    """Repetition (HF, prompt+output) then presence/frequency (OpenAI, output).
+
+    logits [B, V]; seen_mask [B, V] bool; output_counts [B, V] float;
+    penalties [B]. Returns a new [B, V] tensor.
+    """
+    rep = torch.where(seen_mask, repetition_penalty.unsqueeze(1), 1.0)  # [B, V]
+    x = torch.where(logits > 0, logits / rep, logits * rep)
+    x = x - frequency_penalty.unsqueeze(1) * output_counts
+    return x - presence_penalty.unsqueeze(1) * (output_counts > 0).to(x.dtype)
+
+
+def apply_top_k_top_p(logits: Tensor, top_k: Tensor | None, top_p: Tensor | None) -> Tensor:
+    """Mask (to -inf) everything outside the per-row top-k, then the top-p nucleus.
+
+    logits [B, V]; top_k [B] int64 in [1, V] (V = off); top_p [B] in (0, 1].
+    Top-k keeps exactly k tokens even with ties. Top-p (on the top-k-renormalised
+    distribution) keeps the smallest prefix of the sorted tokens whose cumulative
+    probability reaches top_p; the top token is always kept. Returns a new tensor.
+    """
+    sorted_x, order = logits.sort(dim=-1, descending=True, stable=True)  # [B, V] each
+    if top_k is not None:
+        ranks = torch.arange(logits.shape[1], device=logits.device)  # [V]
+        sorted_x = sorted_x.masked_fill(ranks.unsqueeze(0) >= top_k.unsqueeze(1), float("-inf"))
+    if top_p is not None:
+        probs = torch.softmax(sorted_x, dim=-1)  # [B, V]
+        cum = probs.cumsum(dim=-1)  # [B, V]
+        before = torch.cat([torch.zeros_like(cum[:, :1]), cum[:, :-1]], dim=1)  # mass above
+        drop = before >= top_p.unsqueeze(1)
+        drop &= (top_p < 1.0).unsqueeze(1)  # rounding must not trim top_p=1 rows
+        drop[:, 0] = False
+        sorted_x = sorted_x.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_x)
+
+
+def apply_min_p(logits: Tensor, min_p: Tensor) -> Tensor:
+    """Mask tokens whose prob < min_p * max prob. logits [B, V]; min_p [B]."""
+    probs = torch.softmax(logits, dim=-1)  # [B, V]
+    threshold = min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)  # [B, 1]
+    return logits.masked_fill(probs < threshold, float("-inf"))
+
+
+def exponential_noise(
+    probs: Tensor, generators: Sequence[torch.Generator | None], seeded_rows: Sequence[int]
+) -> Tensor:
+    """Exponential(1) noise like probs [B, V] for the race argmax(probs / noise).
+
+    Unseeded rows share one draw from the default RNG; each row in
+    ``seeded_rows`` draws its own row from ``generators[row]``, so a seeded row's
+    noise depends only on its generator, never on the batch around it (greedy
+    rows are left out of ``seeded_rows`` and leave their generator untouched).
+    """
+    noise = torch.empty_like(probs)  # [B, V]
+    if len(seeded_rows) < probs.shape[0]:
+        noise.exponential_()
+    for i in seeded_rows:
+        noise[i].exponential_(generator=generators[i])
+    # exponential_ may return exactly 0; keep the division finite.
+    return noise.clamp_min_(torch.finfo(noise.dtype).tiny)
+
+
+def _token_counts(rows: Sequence[Sequence[int]], vocab_size: int, device: torch.device) -> Tensor:
+    """[B, V] float32 occurrence counts of each row's token ids (one scatter_add)."""
+    b = len(rows)
+    lengths = torch.tensor([len(r) for r in rows], dtype=torch.int64)  # [B]
+    flat = torch.tensor(list(chain.from_iterable(rows)), dtype=torch.int64)  # [sum(len)]
+    if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= vocab_size):
+        raise ValueError(
+            f"token ids must be in [0, {vocab_size}), got {int(flat.min())}..{int(flat.max())}"
+        )
+    row_of = torch.repeat_interleave(torch.arange(b), lengths)  # [sum(len)]
+    index = (row_of * vocab_size + flat).to(device)
+    counts = torch.zeros(b * vocab_size, dtype=torch.float32, device=device)
+    counts.scatter_add_(0, index, torch.ones_like(index, dtype=torch.float32))
+    return counts.view(b, vocab_size)
