@@ -1,0 +1,61 @@
+"""Architecture registry: map a Hugging Face architecture name to a model class.
+
+``create_model`` builds the module on the meta device (no random init), then
+materialises uninitialised storage with ``to_empty`` and recomputes derived buffers
+(rotary cos/sin caches).  Weights are filled afterwards by ``model.load_weights``.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+import torch
+from torch import nn
+
+from roseinfer.model.config import ModelConfig
+from roseinfer.model.gpt2 import GPT2LMHeadModel
+from roseinfer.model.llama import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
+
+_ARCHITECTURES: MappingProxyType[str, type[nn.Module]] = MappingProxyType({
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": MistralForCausalLM,
+    "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "GPT2LMHeadModel": GPT2LMHeadModel,
+})
+_MODEL_TYPES: MappingProxyType[str, str] = MappingProxyType({
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "gpt2": "GPT2LMHeadModel",
+})
+
+
+def supported_architectures() -> list[str]:
+    """Architecture names (HF class names) that ``get_model_class`` accepts."""
+    return sorted(_ARCHITECTURES)
+
+
+def get_model_class(architecture: str) -> type[nn.Module]:
+    """Model class for an HF architecture (``LlamaForCausalLM``) or model_type (``llama``)."""
+    if architecture in _ARCHITECTURES:
+        return _ARCHITECTURES[architecture]
+    if architecture.lower() in _MODEL_TYPES:
+        return _ARCHITECTURES[_MODEL_TYPES[architecture.lower()]]
+    raise ValueError(
+        f"unsupported model architecture {architecture!r}; supported: "
+        f"{supported_architectures()} (or model types {sorted(_MODEL_TYPES)})"
+    )
+
+
+def create_model(config: ModelConfig, dtype: torch.dtype, device: torch.device) -> nn.Module:
+    """Build ``config``'s model with uninitialised weights of ``dtype`` on ``device``, in eval mode."""
+    cls = get_model_class(config.architecture)
+    with torch.device("meta"):
+        model = cls(config)
+    model = model.to(dtype=dtype).to_empty(device=device)
+    for module in model.modules():
+        reset = getattr(module, "reset_buffers", None)
+        if callable(reset):
+            reset()
+    model.requires_grad_(False)
+    return model.eval()
