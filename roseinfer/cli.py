@@ -1,0 +1,167 @@
+"""The ``roseinfer`` command: serve | generate | chat | bench."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from roseinfer.config import EngineConfig
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("engine")
+    g.add_argument("--model", default=None,
+                   help="HF directory, .gguf or .pt (default: bundled SmolLM2-135M-Instruct)")
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    g.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    g.add_argument("--quantization", default=None,
+                   help="weight format: none (exact fp32), fp16, int8")
+    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--kv-cache-memory-gb", type=float, default=1.0)
+    g.add_argument("--num-kv-blocks", type=int, default=None)
+    g.add_argument("--max-num-seqs", type=int, default=64)
+    g.add_argument("--max-num-batched-tokens", type=int, default=1024)
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching",
+                   action="store_false", default=True)
+    g.add_argument("--num-threads", type=int, default=None)
+    g.add_argument("--seed", type=int, default=0)
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        model=args.model, dtype=args.dtype, device=args.device, quantization=args.quantization,
+        block_size=args.block_size, kv_cache_memory_gb=args.kv_cache_memory_gb,
+        num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+        enable_prefix_caching=args.enable_prefix_caching, num_threads=args.num_threads,
+        seed=args.seed,
+    )
+
+
+def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--min-p", type=float, default=0.0)
+    parser.add_argument("--repetition-penalty", type=float, default=1.0)
+    parser.add_argument("--seed-request", dest="request_seed", type=int, default=None,
+                        help="per-request sampling seed")
+    parser.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+
+
+def _sampling_params(args: argparse.Namespace):  # noqa: ANN202
+    from roseinfer.sampling_params import SamplingParams
+
+    return SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+        top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+        seed=args.request_seed, stop=tuple(args.stop or ()),
+    )
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from roseinfer.llm import LLM
+
+    llm = LLM.from_engine(_build_engine(args))
+    params = _sampling_params(args)
+    prompts = [llm.render_chat([{"role": "user", "content": p}]) if args.chat else p
+               for p in args.prompt]
+    if args.stream:
+        for i, prompt in enumerate(prompts):
+            if len(prompts) > 1:
+                print(f"--- [{i}] {args.prompt[i]!r}")
+            for delta in llm.stream(prompt, params):
+                print(delta, end="", flush=True)
+            print()
+        return 0
+    for i, out in enumerate(llm.generate(prompts, params)):
+        c = out.outputs[0]
+        if len(prompts) > 1:
+            print(f"--- [{i}] {args.prompt[i]!r} ({len(c.token_ids)} tokens, {c.finish_reason})")
+        print(c.text)
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from roseinfer.llm import LLM
+
+    llm = LLM.from_engine(_build_engine(args))
+    params = _sampling_params(args)
+    messages: list[dict[str, str]] = []
+    if args.system:
+        messages.append({"role": "system", "content": args.system})
+    print("roseinfer chat — empty line or Ctrl-D to quit", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            break
+        if not line.strip():
+            break
+        messages.append({"role": "user", "content": line})
+        reply = []
+        for delta in llm.stream(llm.render_chat(messages), params):
+            reply.append(delta)
+            print(delta, end="", flush=True)
+        print()
+        messages.append({"role": "assistant", "content": "".join(reply)})
+    return 0
+
+
+def _build_engine(args: argparse.Namespace):  # noqa: ANN202
+    from roseinfer.engine.engine import LLMEngine
+
+    return LLMEngine(engine_config_from_args(args))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="roseinfer", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate text for one or more prompts")
+    add_engine_args(gen)
+    gen.add_argument("--prompt", action="append", required=True, help="prompt (repeatable)")
+    gen.add_argument("--stream", action="store_true", help="print text as it is generated")
+    gen.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template")
+    _add_sampling_args(gen)
+    gen.set_defaults(func=cmd_generate)
+
+    chat = sub.add_parser("chat", help="interactive chat in the terminal")
+    add_engine_args(chat)
+    chat.add_argument("--system", default=None, help="system prompt")
+    _add_sampling_args(chat)
+    chat.set_defaults(func=cmd_chat, max_tokens=256)
+
+    for register in _extra_commands():
+        register(sub)
+    return parser
+
+
+def _extra_commands() -> list:
+    """Subcommands that live next to what they run (server, benchmarks)."""
+    commands = []
+    try:
+        from roseinfer.server.cli import register as register_serve
+
+        commands.append(register_serve)
+    except ImportError:  # pragma: no cover - server extras not installed
+        pass
+    try:
+        from roseinfer.bench.cli import register as register_bench
+
+        commands.append(register_bench)
+    except ImportError:  # pragma: no cover
+        pass
+    return commands
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

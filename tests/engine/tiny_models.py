@@ -1,0 +1,29 @@
+"""Tiny random HF models converted to roseinfer engines, for fast engine tests."""
+
+from __future__ import annotations
+
+import torch
+import transformers
+
+from roseinfer.config import EngineConfig
+from roseinfer.engine.engine import LLMEngine
+from roseinfer.model.config import ModelConfig
+from roseinfer.model.registry import create_model
+
+
+def tiny_hf_llama(seed: int = 0, vocab: int = 256) -> transformers.PreTrainedModel:
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+    )
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def engine_from_hf(hf_model: transformers.PreTrainedModel, **options) -> LLMEngine:
+    mcfg = ModelConfig.from_hf_dict(hf_model.config.to_dict())
+    model = create_model(mcfg, torch.float32, torch.device("cpu"))
+    model.load_weights(hf_model.state_dict().items())
+    options.setdefault("num_threads", 1)
+    return LLMEngine(EngineConfig(**options), model=model, model_config=mcfg)
