@@ -11,6 +11,7 @@ from roseinfer.engine.engine import LLMEngine
 from roseinfer.llm import LLM
 from roseinfer.sampling_params import SamplingParams
 from tests.engine.tiny_models import engine_from_hf, tiny_hf_llama
+from tests.hf_reference import hf_greedy
 
 
 @pytest.fixture(scope="module")
@@ -27,12 +28,6 @@ def greedy(max_tokens: int = 12) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
 
 
-def hf_greedy(hf_model, prompt: list[int], n: int) -> list[int]:
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        out = hf_model.generate(ids, max_new_tokens=n, do_sample=False, min_new_tokens=n,
-                                pad_token_id=0)
-    return out[0, len(prompt):].tolist()
 
 
 def assert_pool_empty(engine: LLMEngine) -> None:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import torch
-
 from roseinfer.sampling_params import SamplingParams
+from tests.hf_reference import hf_greedy
 
 PROMPTS = [
     "The capital of France is",
@@ -20,11 +19,6 @@ PROMPTS = [
 NEW_TOKENS = 32
 
 
-def hf_greedy(model, prompt_ids: list[int], n: int) -> list[int]:
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=n, min_new_tokens=n,
-                             do_sample=False, pad_token_id=0)
-    return out[0, len(prompt_ids):].tolist()
 
 
 def test_greedy_equals_hf_transformers(default_llm, hf_reference) -> None:
