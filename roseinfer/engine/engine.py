@@ -199,6 +199,7 @@ class LLMEngine:
         self.stats.num_preemptions += len(sched.preempted)
         if sched.is_empty:
             return []
+        self.stats.computed_tokens_total += sched.num_tokens
         now = time.monotonic()
         for s in sched.scheduled:
             group = self._groups.get(_group_id(s.request))

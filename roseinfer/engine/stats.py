@@ -16,6 +16,7 @@ class EngineStats:
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
     num_preemptions: int = 0
+    computed_tokens_total: int = 0  # tokens run through the model (prefill + decode)
     prefix_cache_queries: int = 0  # prompt tokens looked up
     prefix_cache_hits: int = 0  # prompt tokens served from cache
     finished: dict[str, int] = field(default_factory=dict)  # finish reason -> count

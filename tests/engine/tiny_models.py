@@ -11,11 +11,12 @@ from roseinfer.model.config import ModelConfig
 from roseinfer.model.registry import create_model
 
 
-def tiny_hf_llama(seed: int = 0, vocab: int = 256) -> transformers.PreTrainedModel:
+def tiny_hf_llama(seed: int = 0, vocab: int = 256, max_positions: int = 512
+                  ) -> transformers.PreTrainedModel:
     torch.manual_seed(seed)
     cfg = transformers.LlamaConfig(
         vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
         bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
     )
     return transformers.LlamaForCausalLM(cfg).eval()
