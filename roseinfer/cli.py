@@ -65,8 +65,8 @@ def _sampling_params(args: argparse.Namespace):  # noqa: ANN202
 def cmd_generate(args: argparse.Namespace) -> int:
     from roseinfer.llm import LLM
 
-    llm = LLM.from_engine(_build_engine(args))
     params = _sampling_params(args)
+    llm = LLM.from_engine(_build_engine(args))
     prompts = [llm.render_chat([{"role": "user", "content": p}]) if args.chat else p
                for p in args.prompt]
     if args.stream:
@@ -88,8 +88,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_chat(args: argparse.Namespace) -> int:
     from roseinfer.llm import LLM
 
-    llm = LLM.from_engine(_build_engine(args))
     params = _sampling_params(args)
+    llm = LLM.from_engine(_build_engine(args))
     messages: list[dict[str, str]] = []
     if args.system:
         messages.append({"role": "system", "content": args.system})
@@ -160,7 +160,13 @@ def _extra_commands() -> list:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as exc:  # bad options or model path: no traceback
+        print(f"roseinfer: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover
