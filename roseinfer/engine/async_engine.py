@@ -1,0 +1,376 @@
+"""AsyncEngine: one background thread steps the LLMEngine; asyncio code streams outputs.
+
+Threading model
+---------------
+* Every call into the ``LLMEngine`` (add, abort, step, stats) happens on ONE engine
+  thread. Handlers never touch the engine: ``add_request(s)`` / ``abort`` append a
+  command to a lock-protected list and notify a condition variable.
+* The engine thread applies pending commands between steps, steps while work
+  exists, and blocks on the condition when idle (no spinning).
+* Outputs of one step are handed to the event loop in ONE ``call_soon_threadsafe``
+  call, which puts each into the ``asyncio.Queue`` of its request's stream.
+* If ``step()`` raises, the traceback is logged, every stream in flight receives
+  an ``EngineStepError``, and all requests are aborted so their blocks return to
+  the pool. If even that fails (or the pool does not come back whole), the engine
+  is marked dead: ``healthy`` turns False and new requests get ``EngineDeadError``.
+
+* While busy, a stats line (running/waiting, KV usage, prompt and generation
+  throughput, prefix-cache hit rate) is logged every ``log_stats_interval`` s.
+
+Callers validate and tokenize BEFORE ``add_request``, so bad input never reaches
+the engine thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from roseinfer.engine.engine import LLMEngine
+from roseinfer.engine.stats import EngineStats
+from roseinfer.outputs import RequestOutput
+from roseinfer.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop has stopped (shut down, or failed beyond recovery)."""
+
+
+class EngineStepError(RuntimeError):
+    """A step of the engine raised while this request was in flight."""
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue is at its limit; retry later."""
+
+
+class RequestRejectedError(ValueError):
+    """The engine refused a request that passed the handler's validation."""
+
+
+@dataclass(frozen=True, slots=True)
+class PendingRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float = field(default_factory=time.monotonic)
+
+
+@dataclass(slots=True)
+class StepTimings:
+    """Latencies observed in one step, handed to observers (metrics)."""
+
+    ttft: list[float] = field(default_factory=list)
+    itl: list[float] = field(default_factory=list)
+    e2e: list[float] = field(default_factory=list)
+
+
+StepObserver = Callable[[StepTimings], None]
+
+
+class RequestStream:
+    """Async iterator over the outputs of one or more requests submitted together.
+
+    Yields ``RequestOutput`` objects (``request_id`` tells them apart) and stops once
+    every request finished. ``abort()`` (idempotent) cancels the unfinished ones.
+    """
+
+    def __init__(self, engine: AsyncEngine, request_ids: Sequence[str],
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self._engine = engine
+        self.request_ids = tuple(request_ids)
+        self._unfinished = set(request_ids)
+        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self.loop = loop
+        self._closed = False
+
+    @property
+    def finished(self) -> bool:
+        return not self._unfinished
+
+    def _put(self, item: RequestOutput | BaseException) -> None:  # on the event loop
+        if not self._closed:
+            self._queue.put_nowait(item)
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if not self._unfinished or self._closed:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, BaseException):
+            self._closed = True
+            self.abort()
+            raise item
+        if item.finished:
+            self._unfinished.discard(item.request_id)
+        return item
+
+    def abort(self) -> None:
+        """Abort every unfinished request of this stream (safe to call many times)."""
+        self._closed = True
+        if self._unfinished:
+            self._engine.abort(list(self._unfinished))
+            self._unfinished.clear()
+
+
+@dataclass(slots=True)
+class _Tracked:
+    stream: RequestStream
+    arrival: float
+    last_token_time: float | None = None
+
+
+class AsyncEngine:
+    """Owns an ``LLMEngine`` and the thread that steps it."""
+
+    def __init__(self, engine: LLMEngine, *, max_waiting_requests: int | None = None,
+                 log_stats_interval: float = 10.0) -> None:
+        self.engine = engine
+        self.max_waiting_requests = max_waiting_requests
+        self.log_stats_interval = log_stats_interval
+        self._cond = threading.Condition()
+        self._adds: list[tuple[PendingRequest, RequestStream]] = []  # guarded by _cond
+        self._aborts: list[str] = []  # guarded by _cond
+        self._in_transit = 0  # sequences taken from _adds, not yet visible in the stats
+        self._stopping = False
+        self._dead: BaseException | None = None
+        self._tracked: dict[str, _Tracked] = {}  # engine thread only
+        self._observers: list[StepObserver] = []
+        self._stats = _copy_stats(engine.get_stats())
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="roseinfer-engine", daemon=True)
+            self._thread.start()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the loop; requests still in flight end with ``EngineDeadError``."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def healthy(self) -> bool:
+        alive = self._thread is not None and self._thread.is_alive()
+        return alive and self._dead is None and not self._stopping
+
+    @property
+    def dead_reason(self) -> BaseException | None:
+        return self._dead
+
+    def add_observer(self, observer: StepObserver) -> None:
+        self._observers.append(observer)
+
+    # ------------------------------------------------------- handler side
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    *, arrival_time: float | None = None) -> RequestStream:
+        """Queue one already-validated request; returns its async stream of outputs."""
+        arrival = time.monotonic() if arrival_time is None else arrival_time
+        return self.add_requests([PendingRequest(request_id, prompt_token_ids, params,
+                                                 arrival_time=arrival)])
+
+    def add_requests(self, requests: Sequence[PendingRequest]) -> RequestStream:
+        """Queue already-validated requests; returns their common async stream.
+
+        Must be called from the event loop that will consume the stream.
+        Raises ``QueueFullError`` or ``EngineDeadError`` (nothing is queued then).
+        """
+        stream = RequestStream(self, [r.request_id for r in requests], asyncio.get_running_loop())
+        with self._cond:
+            if self._dead is not None or self._stopping or self._thread is None:
+                raise EngineDeadError("the engine is not running")
+            limit = self.max_waiting_requests
+            if limit is not None and self._num_waiting_locked() >= limit:
+                raise QueueFullError(f"the waiting queue is full ({limit} sequences)")
+            self._adds.extend((r, stream) for r in requests)
+            self._cond.notify()
+        return stream
+
+    def abort(self, request_ids: str | Sequence[str]) -> None:
+        """Thread-safe: the abort is applied between two steps."""
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        with self._cond:
+            self._aborts.extend(ids)
+            self._cond.notify()
+
+    def num_waiting(self) -> int:
+        with self._cond:
+            return self._num_waiting_locked()
+
+    def _num_waiting_locked(self) -> int:
+        queued = sum(r.params.n for r, _ in self._adds)
+        return queued + self._in_transit + self._stats.num_waiting
+
+    def stats(self) -> EngineStats:
+        """Snapshot of the engine's stats (taken on the engine thread after each step)."""
+        return self._stats
+
+    # --------------------------------------------------------- engine thread
+    def _run(self) -> None:
+        last_log = time.monotonic()
+        counters = (0, 0)
+        try:
+            while True:
+                with self._cond:
+                    idle = False
+                    while (not self._adds and not self._aborts and not self._stopping
+                           and not self.engine.has_unfinished_requests()):
+                        idle = True
+                        self._cond.wait()
+                    if idle:  # the stats log covers busy time only
+                        last_log = time.monotonic()
+                        counters = (self._stats.prompt_tokens_total,
+                                    self._stats.generation_tokens_total)
+                    if self._stopping:
+                        break
+                    adds, self._adds = self._adds, []
+                    aborts, self._aborts = self._aborts, []
+                    self._in_transit = sum(r.params.n for r, _ in adds)
+                try:
+                    self._apply(adds, aborts)
+                    self._publish_stats()
+                    if self.engine.has_unfinished_requests():
+                        self._step()
+                        self._publish_stats()
+                except Exception as exc:  # a failed step must not take the server down
+                    self._on_failure(exc, [stream for _, stream in adds])
+                now = time.monotonic()
+                if now - last_log >= self.log_stats_interval:
+                    counters = self._log_stats(now - last_log, counters)
+                    last_log = now
+        except BaseException as exc:
+            logger.exception("engine loop crashed")
+            self._dead = exc
+        finally:
+            self._fail_all(EngineDeadError("the engine loop has stopped"))
+            try:
+                self.engine.abort_all()
+            except Exception:
+                logger.exception("abort_all failed during engine shutdown")
+
+    def _apply(self, adds: list[tuple[PendingRequest, RequestStream]], aborts: list[str]) -> None:
+        for req, stream in adds:
+            if stream._closed:
+                continue
+            try:
+                self.engine.add_request(req.request_id, req.prompt_token_ids, req.params,
+                                        arrival_time=req.arrival_time)
+            except ValueError as exc:
+                self._deliver([(stream, RequestRejectedError(str(exc)))])
+                continue
+            self._tracked[req.request_id] = _Tracked(stream, req.arrival_time)
+        for rid in aborts:
+            self._tracked.pop(rid, None)
+            self.engine.abort_request(rid)
+
+    def _on_failure(self, exc: Exception, streams: list[RequestStream]) -> None:
+        logger.exception("engine step failed; failing %d request(s) in flight",
+                         len(self._tracked))
+        self._fail_all(EngineStepError(f"engine step failed: {type(exc).__name__}: {exc}"),
+                       streams)
+        self._recover()
+
+    def _step(self) -> None:
+        outputs = self.engine.step()
+        now = time.monotonic()
+        timings = StepTimings()
+        items: list[tuple[RequestStream, RequestOutput | BaseException]] = []
+        for out in outputs:
+            tracked = self._tracked.get(out.request_id)
+            if tracked is None:
+                continue
+            if out.finished:
+                del self._tracked[out.request_id]
+                timings.e2e.append(now - tracked.arrival)
+            if tracked.last_token_time is None:
+                timings.ttft.append(now - tracked.arrival)
+            else:
+                timings.itl.append(now - tracked.last_token_time)
+            tracked.last_token_time = now
+            items.append((tracked.stream, out))
+        self._deliver(items)
+        for observer in self._observers:
+            try:
+                observer(timings)
+            except Exception:
+                logger.exception("step observer failed")
+
+    def _recover(self) -> None:
+        """After a failed step: abort everything; mark dead if the pool is not whole."""
+        try:
+            self.engine.abort_all()
+            bm = self.engine.block_manager
+            if bm.num_free_blocks != bm.num_blocks:
+                raise RuntimeError(f"{bm.num_blocks - bm.num_free_blocks} KV blocks leaked")
+        except Exception as exc:
+            logger.exception("engine cannot recover from the failed step")
+            self._dead = exc
+            with self._cond:
+                self._stopping = True
+
+    def _fail_all(self, error: BaseException, streams: Sequence[RequestStream] = ()) -> None:
+        """Send ``error`` to every stream in flight (and ``streams``), once each."""
+        with self._cond:
+            pending, self._adds = self._adds, []
+        candidates = [t.stream for t in self._tracked.values()]
+        candidates += [stream for _, stream in pending] + list(streams)
+        items: list[tuple[RequestStream, RequestOutput | BaseException]] = []
+        seen: set[int] = set()
+        for stream in candidates:
+            if id(stream) not in seen and not stream.finished:
+                seen.add(id(stream))
+                items.append((stream, error))
+        self._tracked.clear()
+        self._deliver(items)
+
+    @staticmethod
+    def _deliver(items: list[tuple[RequestStream, RequestOutput | BaseException]]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for stream, item in items:
+            by_loop.setdefault(stream.loop, []).append((stream, item))
+        for loop, batch in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, batch)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                pass
+
+    def _publish_stats(self) -> None:
+        snapshot = _copy_stats(self.engine.get_stats())
+        with self._cond:
+            self._stats = snapshot
+            self._in_transit = 0
+
+    def _log_stats(self, elapsed: float, previous: tuple[int, int]) -> tuple[int, int]:
+        s = self._stats
+        prompt, gen = s.prompt_tokens_total, s.generation_tokens_total
+        if (prompt, gen) != previous or s.num_running or s.num_waiting:
+            logger.info(
+                "running: %d, waiting: %d, KV cache usage: %.1f%%, prompt throughput: %.1f tok/s, "
+                "generation throughput: %.1f tok/s, prefix cache hit rate: %.1f%%",
+                s.num_running, s.num_waiting, 100 * s.kv_cache_usage,
+                (prompt - previous[0]) / elapsed, (gen - previous[1]) / elapsed,
+                100 * s.prefix_cache_hit_rate,
+            )
+        return prompt, gen
+
+
+def _copy_stats(stats: EngineStats) -> EngineStats:
+    return dataclasses.replace(stats, finished=dict(stats.finished))
+
+
+def _put_all(batch: list[tuple[RequestStream, RequestOutput | BaseException]]) -> None:
+    for stream, item in batch:
+        stream._put(item)

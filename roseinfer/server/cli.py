@@ -1,0 +1,148 @@
+"""``roseinfer serve``: load the model, start the engine loop and run uvicorn.
+
+SIGTERM / Ctrl-C: uvicorn stops accepting connections, lets in-flight requests
+finish for up to ``--graceful-timeout`` seconds, then the lifespan shuts the
+engine loop down and the process exits 0.
+
+Heavy imports (torch, fastapi, uvicorn) happen inside ``cmd_serve`` so that other
+subcommands do not pay for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from roseinfer.cli import add_engine_args, engine_config_from_args
+
+if TYPE_CHECKING:
+    from roseinfer.engine.async_engine import AsyncEngine
+    from roseinfer.engine.engine import LLMEngine
+    from roseinfer.server.state import ServerSettings
+
+logger = logging.getLogger("roseinfer.server")
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server",
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_engine_args(p)
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=int, default=8000)
+    g.add_argument("--api-key", default=os.environ.get("ROSEINFER_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' (default: $ROSEINFER_API_KEY)")
+    g.add_argument("--served-model-name", nargs="+", default=None,
+                   help="model name(s) clients use; the first is reported (default: from --model)")
+    g.add_argument("--max-waiting-requests", type=int, default=256,
+                   help="answer 503 while this many sequences wait to be scheduled")
+    g.add_argument("--max-body-bytes", type=int, default=4 << 20, help="413 above this size")
+    g.add_argument("--graceful-timeout", type=int, default=30,
+                   help="seconds in-flight requests may take to finish on SIGTERM")
+    g.add_argument("--log-stats-interval", type=float, default=10.0,
+                   help="seconds between stats log lines while busy")
+    g.add_argument("--no-warmup", dest="warmup", action="store_false", default=True,
+                   help="skip the warm-up generation at startup")
+    g.add_argument("--log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug"])
+    p.set_defaults(func=cmd_serve)
+
+
+def default_model_name(model: str | None) -> str:
+    if not model:
+        return DEFAULT_MODEL_NAME
+    path = Path(model)
+    return path.stem if path.suffix in (".gguf", ".pt", ".safetensors") else path.name
+
+
+def _setup_logging(level: str) -> None:
+    root = logging.getLogger("roseinfer")
+    if not root.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+    root.setLevel(level.upper())
+
+
+def warmup(engine: LLMEngine) -> None:
+    """One short greedy generation so the first user request does not pay for it.
+
+    Runs before the engine thread starts; the stats are reset afterwards.
+    """
+    from roseinfer.engine.stats import EngineStats
+    from roseinfer.sampling_params import SamplingParams
+
+    vocab = engine.model_config.vocab_size
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    engine.add_request("warmup", [(7 * j) % vocab for j in range(1, 20)], params)
+    for _ in range(64):
+        if not engine.has_unfinished_requests():
+            break
+        engine.step()
+    engine.abort_all()
+    engine.stats = EngineStats(num_total_blocks=engine.block_manager.num_blocks)
+
+
+def run_server(async_engine: AsyncEngine, settings: ServerSettings, host: str, port: int,
+               graceful_timeout: int = 30, log_level: str = "info") -> int:
+    """Serve until SIGTERM / SIGINT; returns the process exit code."""
+    import uvicorn
+
+    from roseinfer.server.app import create_app
+
+    app = create_app(async_engine, settings)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                            timeout_graceful_shutdown=graceful_timeout, access_log=False)
+    server = uvicorn.Server(config)
+    # uvicorn re-raises the signal it caught once it has shut down gracefully; a no-op
+    # handler underneath turns that into a normal return, so the exit code is 0.
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, lambda *_: None) if in_main else None
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
+        async_engine.shutdown()
+    logger.info("server stopped")
+    return 0 if server.started else 1
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    _setup_logging(args.log_level)
+    from roseinfer.engine.async_engine import AsyncEngine
+    from roseinfer.engine.engine import LLMEngine
+    from roseinfer.runner.model_runner import kv_bytes_per_block
+    from roseinfer.server.state import ServerSettings
+
+    config = engine_config_from_args(args)
+    names = tuple(args.served_model_name or (default_model_name(args.model),))
+    logger.info("loading model %s (dtype %s, device %s)", args.model or DEFAULT_MODEL_NAME,
+                config.dtype, config.device)
+    engine = LLMEngine(config)
+    bm = engine.block_manager
+    gib = bm.num_blocks * kv_bytes_per_block(engine.model_config, bm.block_size,
+                                             engine.dtype) / (1 << 30)
+    logger.info("model %s: %s, dtype %s on %s; KV pool %d blocks x %d tokens = %d tokens "
+                "(~%.2f GiB); max_model_len %d; prefix caching %s",
+                names[0], engine.model_config.architecture, config.dtype, engine.device,
+                bm.num_blocks, bm.block_size, bm.num_blocks * bm.block_size, gib,
+                engine.max_model_len, "on" if config.enable_prefix_caching else "off")
+    if args.warmup:
+        warmup(engine)
+    async_engine = AsyncEngine(engine, max_waiting_requests=args.max_waiting_requests,
+                               log_stats_interval=args.log_stats_interval)
+    settings = ServerSettings(served_model_names=names, api_key=args.api_key,
+                              max_body_bytes=args.max_body_bytes)
+    logger.info("serving %s at http://%s:%d/v1 (API key %s)", ", ".join(names), args.host,
+                args.port, "required" if args.api_key else "not required")
+    return run_server(async_engine, settings, args.host, args.port, args.graceful_timeout,
+                      args.log_level)

@@ -1,0 +1,98 @@
+"""Prometheus metrics (``roseinfer:*``) in a per-app registry.
+
+Gauges and counters are read from the AsyncEngine's stats snapshot when scraped
+(a custom collector), so the engine keeps one source of truth. Latency histograms
+are fed by a step observer that runs on the engine thread (prometheus_client
+metrics are thread-safe).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from roseinfer.engine.async_engine import AsyncEngine, StepTimings
+
+PREFIX = "roseinfer:"
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+ITL_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
+E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0)
+
+
+class _EngineCollector(Collector):
+    """Engine gauges and counters, read from the latest stats snapshot."""
+
+    def __init__(self, engine: AsyncEngine, model_name: str) -> None:
+        self._engine = engine
+        self._model = model_name
+
+    def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
+        g = GaugeMetricFamily(PREFIX + name, doc, labels=["model_name"])
+        g.add_metric([self._model], value)
+        return g
+
+    def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
+        c = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
+        c.add_metric([self._model], value)
+        return c
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._engine.stats()
+        yield self._gauge("num_requests_running", "Sequences in the running batch.",
+                          s.num_running)
+        yield self._gauge("num_requests_waiting", "Sequences waiting to be scheduled.",
+                          s.num_waiting)
+        yield self._gauge("kv_cache_usage_perc", "Fraction of KV blocks in use (0-1).",
+                          s.kv_cache_usage)
+        yield self._gauge("kv_cache_free_blocks", "KV blocks not used by any request.",
+                          s.num_free_blocks)
+        yield self._gauge("kv_cache_total_blocks", "KV blocks in the pool.", s.num_total_blocks)
+        yield self._gauge("engine_healthy", "1 while the engine loop is serving.",
+                          1.0 if self._engine.healthy else 0.0)
+        yield self._counter("prompt_tokens", "Prompt tokens received.", s.prompt_tokens_total)
+        yield self._counter("generation_tokens", "Tokens generated.", s.generation_tokens_total)
+        yield self._counter("num_preemptions", "Requests preempted (to be recomputed).",
+                            s.num_preemptions)
+        yield self._counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                            s.prefix_cache_queries)
+        yield self._counter("prefix_cache_hits", "Prompt tokens served from the prefix cache.",
+                            s.prefix_cache_hits)
+        success = CounterMetricFamily(PREFIX + "request_success",
+                                      "Finished sequences by finish reason.",
+                                      labels=["model_name", "finished_reason"])
+        for reason in sorted({"stop", "length", "abort", *s.finished}):
+            success.add_metric([self._model, reason], s.finished.get(reason, 0))
+        yield success
+
+
+class ServerMetrics:
+    """The app's registry: engine collector plus latency histograms."""
+
+    def __init__(self, engine: AsyncEngine, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_EngineCollector(engine, model_name))
+        labels = {"labelnames": ["model_name"], "registry": self.registry}
+        self.ttft = Histogram(PREFIX + "time_to_first_token_seconds",
+                              "Time from arrival to the first token.", buckets=TTFT_BUCKETS,
+                              **labels).labels(model_name)
+        self.itl = Histogram(PREFIX + "inter_token_latency_seconds",
+                             "Time between two tokens of one request.", buckets=ITL_BUCKETS,
+                             **labels).labels(model_name)
+        self.e2e = Histogram(PREFIX + "e2e_request_latency_seconds",
+                             "Time from arrival to the last token.", buckets=E2E_BUCKETS,
+                             **labels).labels(model_name)
+        engine.add_observer(self.observe)
+
+    def observe(self, timings: StepTimings) -> None:
+        for value in timings.ttft:
+            self.ttft.observe(value)
+        for value in timings.itl:
+            self.itl.observe(value)
+        for value in timings.e2e:
+            self.e2e.observe(value)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,177 @@
+"""Per-app server state and the checks every generation endpoint shares.
+
+The state lives on ``app.state.server`` (no module globals), so two apps over two
+engines can run in one process (the tests do).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from fastapi import Request
+from starlette.concurrency import run_in_threadpool
+
+from roseinfer.engine.async_engine import (
+    AsyncEngine,
+    EngineDeadError,
+    EngineStepError,
+    PendingRequest,
+    QueueFullError,
+    RequestRejectedError,
+    RequestStream,
+)
+from roseinfer.outputs import RequestOutput
+from roseinfer.sampling_params import SamplingParams
+from roseinfer.server.errors import APIError, bad_request
+from roseinfer.server.metrics import ServerMetrics
+from roseinfer.server.protocol import ChatMessage
+from roseinfer.server.streaming import ClientDisconnectedError, until_disconnect
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    served_model_names: tuple[str, ...] = ("roseinfer",)
+    api_key: str | None = None
+    max_body_bytes: int = 4 << 20
+    retry_after_s: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.served_model_names:
+            raise ValueError("at least one served model name is needed")
+
+
+@dataclass
+class ServerState:
+    engine: AsyncEngine
+    settings: ServerSettings
+    metrics: ServerMetrics
+    served_names: frozenset[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.served_names = frozenset(self.settings.served_model_names)
+
+    @property
+    def model_name(self) -> str:
+        return self.settings.served_model_names[0]
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.engine.max_model_len
+
+    def check_model(self, model: str | None) -> str:
+        """The name to echo back; 404 for a model this server does not serve."""
+        if model is None or model == "":
+            return self.model_name
+        if model not in self.served_names:
+            raise APIError(404, f"The model '{model}' does not exist (served: "
+                           f"{', '.join(self.settings.served_model_names)})",
+                           param="model", code="model_not_found")
+        return model
+
+    # ------------------------------------------------------------ prompts
+    def _tokenizer(self):  # noqa: ANN202
+        tok = self.engine.engine.tokenizer
+        if tok is None:
+            raise bad_request("this model has no tokenizer: send prompts as token ids", "prompt")
+        return tok
+
+    async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        tok = self._tokenizer()
+        return await run_in_threadpool(tok.encode, text, add_special_tokens)
+
+    async def render_chat(self, messages: Sequence[ChatMessage],
+                          add_generation_prompt: bool = True) -> list[int]:
+        tok = self._tokenizer()
+        conv = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+                for m in messages]
+
+        def render() -> list[int]:
+            text = tok.apply_chat_template(conv, add_generation_prompt=add_generation_prompt)
+            return tok.encode(text, add_special_tokens=False)
+
+        try:
+            return await run_in_threadpool(render)
+        except ValueError as exc:
+            raise bad_request(str(exc), "messages") from exc
+        except Exception as exc:  # jinja errors raised by the template itself
+            raise bad_request(f"the chat template rejected the messages: {exc}",
+                              "messages") from exc
+
+    def check_prompt(self, ids: list[int], max_tokens: int | None, param: str) -> int:
+        """Validate prompt ids; returns max_tokens (default: what fits)."""
+        if not ids:
+            raise bad_request("the prompt is empty", param)
+        vocab = self.engine.engine.model_config.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise bad_request(f"token id {bad} is outside the vocabulary [0, {vocab})", param)
+        limit = self.max_model_len
+        if max_tokens is None:
+            max_tokens = limit - len(ids)
+            if max_tokens < 1:
+                raise bad_request(
+                    f"This model's maximum context length is {limit} tokens, but the prompt "
+                    f"has {len(ids)} tokens, leaving no room for a completion.", param)
+        elif len(ids) + max_tokens > limit:
+            raise bad_request(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} in the "
+                f"completion). Please reduce the prompt or max_tokens.", param)
+        return max_tokens
+
+    # ------------------------------------------------------------- submit
+    def submit(self, requests: Sequence[PendingRequest]) -> RequestStream:
+        try:
+            return self.engine.add_requests(requests)
+        except QueueFullError as exc:
+            raise APIError(503, f"The server is overloaded: {exc}. Retry later.",
+                           code="queue_full",
+                           headers={"Retry-After": str(self.settings.retry_after_s)}) from exc
+        except EngineDeadError as exc:
+            raise APIError(503, f"The engine is not available: {exc}", code="engine_unavailable",
+                           headers={"Retry-After": str(self.settings.retry_after_s)}) from exc
+
+
+def get_state(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+def make_params(build, *args, **kwargs) -> SamplingParams:  # noqa: ANN001
+    """Call a SamplingParams factory; its ValueError becomes a 400."""
+    try:
+        return build(*args, **kwargs)
+    except ValueError as exc:
+        message = str(exc)
+        param = message.split(".", 1)[1].split(" ", 1)[0] if message.startswith(
+            "SamplingParams.") else None
+        raise bad_request(message, param) from exc
+
+
+def engine_error(exc: BaseException) -> APIError:
+    """The HTTP error for an exception raised by a request's stream."""
+    if isinstance(exc, RequestRejectedError):
+        return bad_request(str(exc))
+    if isinstance(exc, EngineDeadError):
+        return APIError(503, f"The engine is not available: {exc}", code="engine_unavailable")
+    return APIError(500, f"The request failed in the engine: {exc}", code="engine_error")
+
+
+async def collect(stream: RequestStream, request: Request) -> dict[str, RequestOutput]:
+    """Final outputs of every request in ``stream``; aborts them if the client leaves."""
+
+    async def consume() -> dict[str, RequestOutput]:
+        finals: dict[str, RequestOutput] = {}
+        async for out in stream:
+            if out.finished:
+                finals[out.request_id] = out
+        return finals
+
+    try:
+        return await until_disconnect(consume(), request.receive, stream.abort)
+    except ClientDisconnectedError as exc:
+        raise APIError(499, "client disconnected", code="client_closed_request") from exc
+    except (EngineStepError, EngineDeadError, RequestRejectedError) as exc:
+        raise engine_error(exc) from exc
+    finally:
+        stream.abort()

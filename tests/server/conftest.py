@@ -1,0 +1,63 @@
+"""Server fixtures: ONE real `roseinfer serve` process on the default model (session
+scope) and the offline LLM for reference texts, loaded while the server starts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from tests.server.helpers import (
+    MODEL_NAME,
+    STARTUP_TIMEOUT_S,
+    ServerProcess,
+    free_port,
+    stop_process,
+    wait_healthy,
+)
+
+
+@pytest.fixture(scope="session")
+def server_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """Starts `roseinfer serve` on the default model (health is awaited by `server`)."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("server") / "serve.log"
+    cmd = [sys.executable, "-m", "roseinfer.cli", "serve", "--host", "127.0.0.1",
+           "--port", str(port), "--served-model-name", MODEL_NAME, "other-alias",
+           "--kv-cache-memory-gb", "0.25", "--max-num-batched-tokens", "512",
+           "--num-threads", "1", "--log-stats-interval", "1"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    server = ServerProcess(f"http://127.0.0.1:{port}", proc, log)
+    try:
+        yield server
+    finally:
+        stop_process(proc)
+
+
+@pytest.fixture(scope="session")
+def server(server_process: ServerProcess) -> ServerProcess:
+    wait_healthy(server_process.url, server_process.proc, STARTUP_TIMEOUT_S, server_process.log)
+    return server_process
+
+
+@pytest.fixture(scope="module")
+def offline_llm(server_process: ServerProcess) -> Iterator:
+    """The offline engine for reference texts (loads while the server starts).
+
+    One torch thread, like the server: on 2 shared cores, two OpenMP threads make
+    batch-1 decode several times slower whenever another process wants the CPU.
+    """
+    import torch
+
+    from roseinfer.llm import LLM
+
+    threads = torch.get_num_threads()
+    try:
+        yield LLM(kv_cache_memory_gb=0.25, max_num_batched_tokens=512, num_threads=1)
+    finally:
+        torch.set_num_threads(threads)
