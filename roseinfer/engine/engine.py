@@ -11,6 +11,7 @@ through the prefix cache; its outputs are grouped back under one request id.
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 
@@ -175,8 +176,9 @@ class LLMEngine:
         if group is None:
             return False
         for child in group.children:
-            self.scheduler.finish_request(child, RequestStatus.FINISHED_ABORTED)
-        self.stats.record_finish("abort")
+            if not child.is_finished:
+                self.scheduler.finish_request(child, RequestStatus.FINISHED_ABORTED)
+            self.stats.record_finish(child.finish_reason or "abort")
         return True
 
     def abort_all(self) -> list[str]:
@@ -348,7 +350,9 @@ class LLMEngine:
         return entry
 
     def get_stats(self) -> EngineStats:
-        s = self.stats
+        """A snapshot of the counters and gauges (a copy: safe to hand to another thread)."""
+        s = copy.copy(self.stats)
+        s.finished = dict(self.stats.finished)
         s.num_running = len(self.scheduler.running)
         s.num_waiting = len(self.scheduler.waiting)
         s.num_free_blocks = self.block_manager.num_free_blocks
