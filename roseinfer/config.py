@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 
 _DTYPES = ("float32", "bfloat16", "float16")
-_QUANTIZATIONS = ("none",)
+_QUANTIZATIONS = ("none", "fp16")
 
 
 @dataclass(frozen=True)

@@ -95,7 +95,7 @@ class GPT2LMHeadModel(nn.Module):
         self.config = config
         self.transformer = GPT2Model(config)
         # Tied embeddings (the GPT-2 default): no lm_head parameter, use wte.
-        self.lm_head: nn.Linear | None = None
+        self.lm_head: nn.Module | None = None
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
@@ -116,8 +116,13 @@ class GPT2LMHeadModel(nn.Module):
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """hidden [N, hidden] -> float32 logits [N, vocab]."""
-        weight = self.lm_head.weight if self.lm_head is not None else self.transformer.wte.weight
-        return F.linear(hidden, weight).float()  # [N, vocab]
+        if self.lm_head is not None:
+            return self.lm_head(hidden).float()  # [N, vocab]
+        return F.linear(hidden, self.transformer.wte.weight).float()  # [N, vocab]
+
+    def tied_embedding(self) -> Tensor:
+        """The embedding matrix [vocab, hidden] a tied LM head reads."""
+        return self.transformer.wte.weight
 
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
         """Load Hugging Face GPT-2 tensors (with or without the ``transformer.`` prefix)."""

@@ -152,6 +152,15 @@ def write_kv_cache(kv_cache: Tensor, slot_mapping: Tensor, k: Tensor, v: Tensor)
     kv_cache[1].index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
 
 
+def _use_decode_kernel(q: Tensor, kv_cache: Tensor) -> bool:
+    """True when the C++ paged decode-attention kernel can serve this call."""
+    if q.device.type != "cpu" or q.dtype != torch.float32 or kv_cache.dtype != torch.float32:
+        return False
+    from roseinfer.kernels import cpu_kernels_available
+
+    return cpu_kernels_available()
+
+
 def paged_attention(
     q: Tensor,
     k: Tensor,
@@ -175,7 +184,13 @@ def paged_attention(
     key_cache, value_cache = kv_cache[0], kv_cache[1]  # [slots, Hkv, Dh] each
 
     d = meta.num_decode_tokens
-    if d > 0:
+    if d > 0 and _use_decode_kernel(q, kv_cache):
+        # Straight from the paged cache: no [D, Lmax] gather of every request's K/V.
+        out[:d] = torch.ops.roseinfer.paged_decode_attention(
+            q[:d], kv_cache, meta.decode_block_tables, meta.decode_context_lens_i32,
+            meta.block_size, scale,
+        )  # [D, H, Dh]
+    elif d > 0:
         # GQA without repeating K/V: each KV head is a batch entry with G queries.
         qd = q[:d].view(d, num_kv_heads, group, head_dim)  # [D, Hkv, G, Dh]
         kd = key_cache[meta.decode_slot_indices].to(q.dtype)  # [D, Lmax, Hkv, Dh]

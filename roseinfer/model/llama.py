@@ -119,9 +119,11 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.model = LlamaModel(config)
         # Tied embeddings: no lm_head parameter; compute_logits reads embed_tokens.
-        self.lm_head: nn.Linear | None = None
+        self.lm_head: nn.Module | None = None
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self._stack: object | None = None
+        self._stack_state = "unbuilt"
 
     def forward(
         self,
@@ -136,15 +138,38 @@ class LlamaForCausalLM(nn.Module):
                 f"expected {len(self.model.layers)} KV caches, got {len(kv_caches)}"
             )
         h = self.model.embed_tokens(input_ids)  # [T, hidden]
+        if meta.num_decode_tokens == h.shape[0]:
+            stack = self._decode_stack(h)
+            if stack is not None:  # every layer in one C++ call (roseinfer.kernels)
+                return stack.forward(
+                    h, positions, self.model.rotary_emb.cos_sin_cache, kv_caches,
+                    meta.decode_block_tables, meta.decode_context_lens_i32, meta.slot_mapping,
+                    meta.block_size,
+                )
         cos, sin = self.model.rotary_emb(positions)  # [T, 1, Dh] each
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
             h = layer(h, cos, sin, kv_cache, meta)
         return self.model.norm(h)
 
+    def _decode_stack(self, h: Tensor) -> object | None:
+        """The C++ decode stack over this model's weights, built on first use; None if
+        the kernels are unavailable or do not cover this model (see ``fast_path``)."""
+        if self._stack_state == "unbuilt":
+            from roseinfer.model.fast_path import build_llama_decode_stack
+
+            self._stack = build_llama_decode_stack(self, h)
+            self._stack_state = "built"
+        return self._stack
+
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """hidden [N, hidden] -> float32 logits [N, vocab]."""
-        weight = self.lm_head.weight if self.lm_head is not None else self.model.embed_tokens.weight
-        return F.linear(hidden, weight).float()  # [N, vocab]
+        if self.lm_head is not None:
+            return self.lm_head(hidden).float()  # [N, vocab]
+        return F.linear(hidden, self.model.embed_tokens.weight).float()  # [N, vocab]
+
+    def tied_embedding(self) -> Tensor:
+        """The embedding matrix [vocab, hidden] a tied LM head reads."""
+        return self.model.embed_tokens.weight
 
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
         """Load Hugging Face-named tensors, fusing q/k/v and gate/up."""

@@ -1,0 +1,10 @@
+"""Thin wrapper: `python benchmarks/profile.py ARGS` == `roseinfer bench profile ARGS` (see --help)."""
+
+from __future__ import annotations
+
+import sys
+
+from roseinfer.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["bench", "profile", *sys.argv[1:]]))

@@ -1,0 +1,1 @@
+"""Benchmarks: offline throughput, online serving load, and a per-step profile."""

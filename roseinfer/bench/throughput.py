@@ -1,0 +1,168 @@
+"""Offline throughput: B sequences of P random prompt tokens, G generated tokens each.
+
+For every batch size the engine runs the whole job through ``LLMEngine.step`` and
+every step is timed on its own:
+
+* prefill tok/s = prompt tokens / time of the steps that computed prompt tokens;
+* decode tok/s = tokens made by pure-decode steps / their time (the steady state
+  with B sequences in flight, what llama-bench's "tg" measures);
+* output tok/s = B * G / wall time, total tok/s = B * (P + G) / wall time.
+
+``--compare-hf`` runs HF transformers ``generate`` on the same prompts in the same
+process (greedy, ``min_new_tokens = max_new_tokens = G``) and prints our output
+tok/s over theirs.  Figures are medians over ``--repeat`` runs.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from roseinfer.engine.engine import LLMEngine
+from roseinfer.sampling_params import SamplingParams
+
+
+@dataclass
+class ThroughputResult:
+    batch_size: int
+    prompt_len: int
+    gen_len: int
+    prefill_tok_s: float
+    decode_tok_s: float
+    output_tok_s: float
+    total_tok_s: float
+    wall_s: float
+    hf_output_tok_s: float | None = None
+
+    @property
+    def hf_ratio(self) -> float | None:
+        if not self.hf_output_tok_s:
+            return None
+        return self.output_tok_s / self.hf_output_tok_s
+
+
+def random_prompts(batch: int, prompt_len: int, vocab: int, seed: int) -> list[list[int]]:
+    """``batch`` prompts of ``prompt_len`` ids drawn from the vocabulary (no specials)."""
+    gen = torch.Generator().manual_seed(seed)
+    low = min(1000, vocab // 2)
+    ids = torch.randint(low, vocab, (batch, prompt_len), generator=gen)
+    return ids.tolist()
+
+
+def run_engine_once(engine: LLMEngine, prompts: list[list[int]], gen_len: int) -> ThroughputResult:
+    """Run one job to completion; time prefill steps and pure-decode steps apart."""
+    params = SamplingParams(temperature=0.0, max_tokens=gen_len, ignore_eos=True)
+    for p in prompts:
+        engine.add_request(engine.next_request_id(), p, params)
+    prefill_t = decode_t = 0.0
+    decode_tokens = 0
+    start = time.perf_counter()
+    while engine.has_unfinished_requests():
+        has_prefill = any(
+            r.num_computed_tokens < r.num_prompt_tokens
+            for r in engine.scheduler.running + list(engine.scheduler.waiting)
+        )
+        t0 = time.perf_counter()
+        outs = engine.step()
+        dt = time.perf_counter() - t0
+        if has_prefill:
+            prefill_t += dt
+        else:
+            decode_t += dt
+            decode_tokens += len(outs)
+    wall = time.perf_counter() - start
+    b, p = len(prompts), len(prompts[0])
+    return ThroughputResult(
+        batch_size=b, prompt_len=p, gen_len=gen_len,
+        prefill_tok_s=b * p / prefill_t if prefill_t else 0.0,
+        decode_tok_s=decode_tokens / decode_t if decode_t else 0.0,
+        output_tok_s=b * gen_len / wall, total_tok_s=b * (p + gen_len) / wall, wall_s=wall,
+    )
+
+
+def _median_result(runs: list[ThroughputResult]) -> ThroughputResult:
+    first = runs[0]
+    med = {
+        k: statistics.median(getattr(r, k) for r in runs)
+        for k in ("prefill_tok_s", "decode_tok_s", "output_tok_s", "total_tok_s", "wall_s")
+    }
+    return ThroughputResult(first.batch_size, first.prompt_len, first.gen_len, **med)
+
+
+def hf_generate_tok_s(model: Any, prompts: list[list[int]], gen_len: int) -> float:
+    """HF transformers ``generate`` output tok/s on the same prompts (greedy, fp32)."""
+    ids = torch.tensor(prompts, dtype=torch.long)
+    mask = torch.ones_like(ids)
+    with torch.inference_mode():
+        model.generate(ids[:, :8], attention_mask=mask[:, :8], max_new_tokens=2,
+                       min_new_tokens=2, do_sample=False)  # warm-up
+        t0 = time.perf_counter()
+        model.generate(ids, attention_mask=mask, max_new_tokens=gen_len, min_new_tokens=gen_len,
+                       do_sample=False, pad_token_id=0)
+        dt = time.perf_counter() - t0
+    return len(prompts) * gen_len / dt
+
+
+def load_hf_model(model_path: str | None) -> Any:
+    """HF transformers' own load of the engine's model (GGUF or HF dir), fp32."""
+    import transformers
+
+    from roseinfer.model.loader import resolve_model_path
+
+    path = resolve_model_path(model_path)
+    if path.suffix == ".gguf":
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    else:
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    return model.eval()
+
+
+def run_throughput(
+    engine: LLMEngine,
+    batch_sizes: list[int],
+    prompt_len: int = 128,
+    gen_len: int = 128,
+    repeat: int = 1,
+    compare_hf: bool = False,
+    hf_batch_sizes: list[int] | None = None,
+    seed: int = 0,
+) -> list[ThroughputResult]:
+    """Run the offline benchmark for each batch size; optionally HF side by side."""
+    vocab = engine.model_config.vocab_size
+    warm = random_prompts(1, min(prompt_len, 32), vocab, seed + 999)
+    run_engine_once(engine, warm, 4)
+    hf_model = load_hf_model(engine.config.model) if compare_hf else None
+    results = []
+    for b in batch_sizes:
+        runs = []
+        for r in range(repeat):
+            prompts = random_prompts(b, prompt_len, vocab, seed + 17 * r + b)
+            runs.append(run_engine_once(engine, prompts, gen_len))
+        res = _median_result(runs)
+        if hf_model is not None and (hf_batch_sizes is None or b in hf_batch_sizes):
+            res.hf_output_tok_s = hf_generate_tok_s(
+                hf_model, random_prompts(b, prompt_len, vocab, seed + b), gen_len)
+        results.append(res)
+    return results
+
+
+def format_table(results: list[ThroughputResult], header: dict[str, Any]) -> str:
+    lines = [" ".join(f"{k}={v}" for k, v in header.items())]
+    lines.append(f"{'batch':>5} {'prefill tok/s':>13} {'decode tok/s':>12} {'output tok/s':>12} "
+                 f"{'total tok/s':>11} {'HF out tok/s':>12} {'x HF':>6}")
+    for r in results:
+        hf = f"{r.hf_output_tok_s:12.1f}" if r.hf_output_tok_s else f"{'-':>12}"
+        ratio = f"{r.hf_ratio:6.1f}" if r.hf_ratio else f"{'-':>6}"
+        lines.append(f"{r.batch_size:5d} {r.prefill_tok_s:13.1f} {r.decode_tok_s:12.1f} "
+                     f"{r.output_tok_s:12.1f} {r.total_tok_s:11.1f} {hf} {ratio}")
+    return "\n".join(lines)
+
+
+def results_json(results: list[ThroughputResult], header: dict[str, Any]) -> dict[str, Any]:
+    return {"config": header,
+            "results": [asdict(r) | {"hf_ratio": r.hf_ratio} for r in results]}

@@ -1,0 +1,59 @@
+"""Optional C++ CPU kernels (``csrc/cpu_kernels.cpp``), built on first use and cached.
+
+``cpu_kernels_available()`` builds (once, see ``build.py``) and loads the library and
+says whether it works; every caller falls back to plain PyTorch when it does not
+(no compiler, unsupported platform, or ``ROSEINFER_CPU_KERNELS=0``).  What it adds:
+
+* ``torch.classes.roseinfer.Linear``: fp16-weight GEMM (fbgemm) with the output
+  columns split over the intra-op threads, or the fp32 weight through MKL;
+* ``torch.ops.roseinfer.paged_decode_attention``: decode attention straight from
+  the paged KV cache (no gather of every request's K/V);
+* ``torch.classes.roseinfer.LlamaStack``: all decoder layers of a decode step in one
+  call (norms, rotary, KV writes, attention, MLP), so no Python runs per layer.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import threading
+
+import torch
+
+logger = logging.getLogger("roseinfer.kernels")
+_lock = threading.Lock()
+_state: dict[str, object] = {}
+
+
+def cpu_kernels_available() -> bool:
+    """Build (first time) and load the kernels; False, with a logged reason, if they cannot."""
+    with _lock:
+        if "ok" in _state:
+            return bool(_state["ok"])
+        ok = False
+        if os.environ.get("ROSEINFER_CPU_KERNELS", "1") == "0":
+            _state["reason"] = "disabled by ROSEINFER_CPU_KERNELS=0"
+        elif platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+            _state["reason"] = f"unsupported platform {platform.system()}/{platform.machine()}"
+        else:
+            try:
+                from roseinfer.kernels.build import build
+
+                torch.ops.load_library(str(build()))
+                ok = True
+            except Exception as exc:  # noqa: BLE001 - any failure means: use PyTorch
+                _state["reason"] = str(exc).splitlines()[0]
+                logger.warning("roseinfer CPU kernels unavailable, using PyTorch: %s", exc)
+        _state["ok"] = ok
+        return ok
+
+
+def unavailable_reason() -> str | None:
+    return _state.get("reason")  # type: ignore[return-value]
+
+
+def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, fp16: bool) -> object:
+    """A ``torch.classes.roseinfer.Linear`` over ``weight`` [N, K] (kernels must be loaded)."""
+    return torch.classes.roseinfer.Linear(weight.detach().float().contiguous(),
+                                          None if bias is None else bias.detach().float(), fp16)

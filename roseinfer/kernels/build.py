@@ -1,0 +1,105 @@
+"""Build the CPU kernel library (``csrc/cpu_kernels.cpp``) with the system C++ compiler.
+
+The shared library is compiled once per (source, torch version, CPU flags) into
+``build/roseinfer-kernels/<key>/`` at the repository root (or ``$ROSEINFER_KERNEL_DIR``),
+under a file lock so concurrent processes build it once.  ``-march=native`` is safe
+because the key includes this CPU's flags: another machine builds its own copy.
+``python -m roseinfer.kernels.build`` builds it ahead of time (``make setup``).
+No ninja or pybind: one ``g++`` call against the torch headers and libraries.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+SOURCE = Path(__file__).parent / "csrc" / "cpu_kernels.cpp"
+LIB_NAME = "roseinfer_cpu_kernels.so"
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def build_dir() -> Path:
+    env = os.environ.get("ROSEINFER_KERNEL_DIR")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2] / "build" / "roseinfer-kernels"
+
+
+def _key() -> str:
+    import torch
+
+    h = hashlib.sha256()
+    for f in sorted(SOURCE.parent.rglob("*.[ch]*")):
+        h.update(f.read_bytes())
+    h.update(torch.__version__.encode())
+    h.update(_cpu_flags().encode())
+    h.update(sys.version.encode())
+    return h.hexdigest()[:16]
+
+
+def _command(out: Path) -> list[str]:
+    import torch
+    from torch.utils import cpp_extension
+
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or "c++"
+    includes = cpp_extension.include_paths()
+    lib_dir = Path(torch.__file__).parent / "lib"
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    return [
+        cxx, str(SOURCE), "-o", str(out), "-shared", "-fPIC", "-std=c++17", "-O3",
+        "-march=native", "-fopenmp", "-DNDEBUG", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        "-DTORCH_API_INCLUDE_EXTENSION_H", "-w",
+        *(f"-I{p}" for p in includes), f"-I{SOURCE.parent / 'stub'}", f"-I{sysconfig.get_paths()['include']}",
+        f"-L{lib_dir}", f"-Wl,-rpath,{lib_dir}", "-lc10", "-ltorch_cpu", "-ltorch",
+    ]
+
+
+def build(verbose: bool = False) -> Path:
+    """Return the path of the built library, compiling it if needed (raises on failure)."""
+    target_dir = build_dir() / _key()
+    lib = target_dir / LIB_NAME
+    if lib.exists():
+        return lib
+    target_dir.mkdir(parents=True, exist_ok=True)
+    with open(target_dir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if lib.exists():
+            return lib
+        tmp = target_dir / f"{LIB_NAME}.{os.getpid()}.tmp"
+        cmd = _command(tmp)
+        if verbose:
+            print(" ".join(cmd), file=sys.stderr)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            (target_dir / "build.log").write_text(proc.stdout + proc.stderr)
+            raise RuntimeError(
+                f"building the CPU kernels failed (log: {target_dir / 'build.log'}):\n"
+                + proc.stderr[-2000:]
+            )
+        tmp.rename(lib)
+    return lib
+
+
+if __name__ == "__main__":
+    try:
+        path = build(verbose="-v" in sys.argv)
+    except Exception as exc:  # noqa: BLE001 - report and fall back, never fail setup
+        print(f"roseinfer: CPU kernels not built ({exc}); the PyTorch path will be used")
+        sys.exit(0)
+    print(f"roseinfer: CPU kernels at {path}")

@@ -1,0 +1,62 @@
+"""Build the C++ decode stack (``roseinfer.kernels``) over a Llama-family model's weights.
+
+A decode step (one new token per sequence) of a float32 CPU model with a SiLU MLP
+then runs every decoder layer in one call: no Python per layer, no per-op dispatch.
+The stack shares the model's tensors (norm weights, fp32 linear weights) or its
+prepacked fp16 kernels, so it costs no extra weight memory and sees weight reloads.
+Anything it does not cover returns None and the model keeps its PyTorch path.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+logger = logging.getLogger("roseinfer.model")
+
+
+def _kernel_linear(module: nn.Module) -> object | None:
+    """The kernel ``Linear`` for an ``nn.Linear`` (fp32, shared) or an ``Fp16Linear``."""
+    from roseinfer.kernels import make_linear
+    from roseinfer.model.quantize import Fp16Linear
+
+    if isinstance(module, Fp16Linear):
+        return module.kernel
+    if isinstance(module, nn.Linear) and module.weight.dtype == torch.float32:
+        return make_linear(module.weight, module.bias, fp16=False)
+    return None
+
+
+def build_llama_decode_stack(model: Any, sample: Tensor) -> object | None:
+    """A ``torch.classes.roseinfer.LlamaStack`` for ``model``, or None when not applicable."""
+    cfg = model.config
+    if sample.device.type != "cpu" or sample.dtype != torch.float32:
+        return None
+    if cfg.hidden_act not in ("silu", "swish"):
+        return None
+    from roseinfer.kernels import cpu_kernels_available
+
+    if not cpu_kernels_available():
+        return None
+    inner = model.model
+    if inner.rotary_emb.cos_sin_cache.dtype != torch.float32:
+        return None
+    stack = torch.classes.roseinfer.LlamaStack(
+        cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
+        float(inner.norm.eps), inner.norm.weight.detach(),
+    )
+    for layer in inner.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        linears = [_kernel_linear(m) for m in
+                   (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+        if any(k is None for k in linears):
+            return None
+        if layer.input_layernorm.eps != inner.norm.eps:
+            return None
+        stack.add_layer(layer.input_layernorm.weight.detach(),
+                        layer.post_attention_layernorm.weight.detach(), *linears)
+    logger.info("decode steps run in the C++ decoder stack (%d layers)", len(inner.layers))
+    return stack

@@ -1,0 +1,123 @@
+"""Weight formats: swap a loaded model's ``nn.Linear`` layers for faster kernels.
+
+``quantize_model(model, "fp16")`` stores every projection weight (q/k/v, o, gate/up,
+down and the LM head, tied or not) in fp16 and computes in fp32:
+
+* on CPU through fbgemm's fp16 GEMM (``quantized::linear_prepack_fp16`` /
+  ``linear_dynamic_fp16``): the weight is converted to fp32 inside the kernel's
+  tiles, so a batch-1 decode step reads half the bytes of fp32 and the math is
+  fp32 — about 6x faster than MKL fp32 GEMV at batch 1 on AVX2 CPUs, and close to
+  fp32 numerically (the only error is the weight rounding to fp16);
+* on other devices as a plain fp16 weight cast to the activation dtype per call
+  (``F.linear``), which is what a GPU does well anyway.
+
+Embeddings and norms stay in the model dtype.  ``"none"`` leaves the model as is.
+int8 is not offered: fbgemm's dynamic int8 uses one activation scale per tensor,
+which wrecks the default model's quality (see docs and BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+QUANTIZATIONS = ("none", "fp16")
+
+
+def fbgemm_fp16_available() -> bool:
+    """True when PyTorch's fbgemm fp16 linear ops exist in this build (x86 CPU builds)."""
+    try:
+        w = torch.zeros(8, 8)
+        packed = torch.ops.quantized.linear_prepack_fp16(w, None)
+        torch.ops.quantized.linear_dynamic_fp16(torch.zeros(1, 8), packed)
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+    return True
+
+
+class Fp16Linear(nn.Module):
+    """y = x @ W^T + b with W stored in fp16 and fp32 (or the input dtype) compute.
+
+    On CPU the weight is prepacked for fbgemm; elsewhere it is an fp16 tensor cast
+    per call.  ``weight`` is kept (as fp16) for inspection and for ``.to(device)``.
+    """
+
+    def __init__(self, weight: Tensor, bias: Tensor | None, use_fbgemm: bool) -> None:
+        super().__init__()
+        self.in_features = int(weight.shape[1])
+        self.out_features = int(weight.shape[0])
+        self.register_buffer("weight", weight.detach().to(torch.float16), persistent=False)
+        self.register_buffer(
+            "bias", None if bias is None else bias.detach().float(), persistent=False
+        )
+        self._packed = None
+        self.kernel: object | None = None  # torch.classes.roseinfer.Linear (threaded fbgemm)
+        if weight.device.type == "cpu" and weight.dtype == torch.float32 and _kernels():
+            from roseinfer.kernels import make_linear
+
+            self.kernel = make_linear(weight, bias, fp16=True)
+            self.weight = torch.empty(0, dtype=torch.float16)
+        elif use_fbgemm and weight.device.type == "cpu" and weight.dtype == torch.float32:
+            # fbgemm keeps its own fp16 copy; drop ours to save memory.
+            self._packed = torch.ops.quantized.linear_prepack_fp16(
+                weight.detach().float().contiguous(),
+                None if bias is None else bias.detach().float().contiguous(),
+            )
+            self.weight = torch.empty(0, dtype=torch.float16)
+
+    def forward(self, x: Tensor) -> Tensor:  # [T, in] -> [T, out]
+        if x.dtype == torch.float32:
+            if self.kernel is not None:
+                return self.kernel.forward(x)  # type: ignore[attr-defined]
+            if self._packed is not None:
+                return torch.ops.quantized.linear_dynamic_fp16(x, self._packed)
+        if self.weight.numel() == 0:
+            raise RuntimeError("Fp16Linear packed for fp32 activations was fed " + str(x.dtype))
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return F.linear(x, self.weight.to(x.dtype), bias)
+
+    def extra_repr(self) -> str:
+        kind = "kernel" if self.kernel is not None else "fbgemm" if self._packed is not None else "cast"
+        return f"in={self.in_features}, out={self.out_features}, fp16 weights ({kind})"
+
+
+def _kernels() -> bool:
+    from roseinfer.kernels import cpu_kernels_available
+
+    return cpu_kernels_available()
+
+
+def _swap_linears(module: nn.Module, use_fbgemm: bool) -> int:
+    count = 0
+    for name, child in list(module.named_children()):
+        if isinstance(child, nn.Linear):
+            setattr(module, name, Fp16Linear(child.weight, child.bias, use_fbgemm))
+            count += 1
+        else:
+            count += _swap_linears(child, use_fbgemm)
+    return count
+
+
+@torch.no_grad()
+def quantize_model(model: nn.Module, quantization: str | None) -> nn.Module:
+    """Convert ``model``'s linear layers (and LM head) in place to ``quantization``.
+
+    The model must expose ``lm_head`` (an ``nn.Linear`` or None when tied) and a
+    ``tied_embedding()`` returning the embedding weight a tied head reads.
+    """
+    if quantization in (None, "none"):
+        return model
+    if quantization != "fp16":
+        raise ValueError(f"unsupported quantization {quantization!r}; supported: {QUANTIZATIONS}")
+    use_fbgemm = fbgemm_fp16_available()
+    lm_head = getattr(model, "lm_head", None)
+    tied = lm_head is None
+    _swap_linears(model, use_fbgemm)
+    if tied:
+        embed = model.tied_embedding()  # type: ignore[operator]
+        model.lm_head = Fp16Linear(embed, None, use_fbgemm)
+    model.quantization = quantization  # type: ignore[assignment]
+    if hasattr(model, "_stack_state"):  # a decode stack built earlier saw the old weights
+        model._stack, model._stack_state = None, "unbuilt"
+    return model

@@ -1,0 +1,87 @@
+"""The C++ CPU kernels agree with the PyTorch path (skipped where they cannot build)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers
+
+from roseinfer.kernels import cpu_kernels_available, make_linear
+from roseinfer.model.attention_metadata import SeqSpec, build_attention_metadata
+from roseinfer.model.config import ModelConfig
+from roseinfer.model.quantize import quantize_model
+from roseinfer.model.registry import create_model
+
+pytestmark = pytest.mark.skipif(not cpu_kernels_available(), reason="CPU kernels unavailable")
+
+
+@pytest.mark.parametrize("head_dim", [64, 32, 128])
+def test_paged_decode_attention_matches_sdpa(head_dim: int) -> None:
+    gen = torch.Generator().manual_seed(0)
+    d, h, hkv, bs = 5, 6, 2, 4
+    lens = torch.tensor([1, 3, 4, 9, 17], dtype=torch.int32)
+    width = 5
+    num_blocks = d * width
+    cache = torch.randn(2, num_blocks * bs, hkv, head_dim, generator=gen)
+    tables = torch.randperm(num_blocks, generator=gen).view(d, width).to(torch.int32)
+    q = torch.randn(d, h, head_dim, generator=gen)
+    got = torch.ops.roseinfer.paged_decode_attention(q, cache, tables, lens, bs, head_dim**-0.5)
+    for i in range(d):
+        pos = torch.arange(int(lens[i]))
+        slots = tables[i].long()[pos // bs] * bs + pos % bs
+        k, v = cache[0][slots].transpose(0, 1), cache[1][slots].transpose(0, 1)  # [Hkv, L, Dh]
+        qi = q[i].view(hkv, h // hkv, head_dim)
+        want = F.scaled_dot_product_attention(qi, k, v, scale=head_dim**-0.5).reshape(h, head_dim)
+        torch.testing.assert_close(got[i], want, rtol=1e-5, atol=1e-5)
+
+
+def test_linear_kernel_fp32_and_fp16() -> None:
+    torch.manual_seed(0)
+    w, b, x = torch.randn(40, 24), torch.randn(40), torch.randn(7, 24)
+    exact = make_linear(w, b, fp16=False)
+    torch.testing.assert_close(exact.forward(x), F.linear(x, w, b))
+    half = make_linear(w, b, fp16=True)
+    torch.testing.assert_close(half.forward(x), F.linear(x, w.half().float(), b),
+                               rtol=1e-5, atol=1e-5)
+
+
+def _tiny_llama(bias: bool) -> torch.nn.Module:
+    cfg = transformers.LlamaConfig(
+        vocab_size=97, hidden_size=64, intermediate_size=80, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        attention_bias=bias,
+    )
+    torch.manual_seed(1)
+    hf = transformers.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.normal_(0.0, 0.2)
+    mcfg = ModelConfig.from_hf_dict(cfg.to_dict())
+    model = create_model(mcfg, torch.float32, torch.device("cpu"))
+    model.load_weights(hf.state_dict().items())
+    return model
+
+
+@pytest.mark.parametrize("quantization", ["none", "fp16"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_decode_stack_matches_pytorch_path(quantization: str, bias: bool) -> None:
+    model = quantize_model(_tiny_llama(bias), quantization)
+    cfg, bs = model.config, 4
+    gen = torch.Generator().manual_seed(2)
+    lens = [5, 1, 11]  # context already cached per sequence
+    caches = [torch.randn(2, 64 * bs, cfg.num_kv_heads, cfg.head_dim, generator=gen)
+              for _ in range(cfg.num_layers)]
+    tables = [[3, 9, 1], [7], [0, 2, 5, 11]]
+    specs = [SeqSpec(n, 1, t) for n, t in zip(lens, tables, strict=True)]
+    meta = build_attention_metadata(specs, bs, torch.device("cpu"))
+    ids = torch.tensor([4, 50, 96])
+    with torch.inference_mode():
+        fast_caches = [c.clone() for c in caches]
+        fast = model(ids, meta.positions, fast_caches, meta)
+        assert model._stack is not None, "the decode stack should serve an all-decode step"
+        model._stack, model._stack_state = None, "disabled"
+        slow = model(ids, meta.positions, caches, meta)
+    torch.testing.assert_close(fast, slow, rtol=1e-4, atol=1e-4)
+    for a, b in zip(fast_caches, caches, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
