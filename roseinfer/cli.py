@@ -15,8 +15,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="HF directory, .gguf or .pt (default: bundled SmolLM2-135M-Instruct)")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     g.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
-    g.add_argument("--quantization", default=None,
-                   help="weight format: none (exact fp32), fp16, int8")
+    g.add_argument("--quantization", default="auto", choices=["auto", "none", "fp16"],
+                   help="weight format: none (exact fp32), fp16 (fp16 weights, fp32 math); "
+                        "auto = fp16 on CPU, none elsewhere")
     g.add_argument("--block-size", type=int, default=16)
     g.add_argument("--kv-cache-memory-gb", type=float, default=1.0)
     g.add_argument("--num-kv-blocks", type=int, default=None)

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 
 _DTYPES = ("float32", "bfloat16", "float16")
-_QUANTIZATIONS = ("none", "fp16")
+_QUANTIZATIONS = ("auto", "none", "fp16")
 
 
 @dataclass(frozen=True)
@@ -14,7 +14,10 @@ class EngineConfig:
     model: str | None = None  # HF dir, .gguf or .pt; None = bundled SmolLM2-135M-Instruct
     dtype: str = "float32"  # compute / KV-cache dtype
     device: str = "cpu"  # "cpu", "cuda", "cuda:0", or "auto"
-    quantization: str | None = None  # weight format: None/"none" (exact), "fp16", "int8"
+    # Weight format: "none" (exact fp32), "fp16" (fp16 weights, fp32 math), or "auto"
+    # (the default): fp16 for float32 models on CPU — 4-5x faster decode with perplexity
+    # within 0.01% of fp32 (see README, Performance) — and "none" everywhere else.
+    quantization: str | None = "auto"
     block_size: int = 16  # tokens per KV block
     kv_cache_memory_gb: float = 1.0  # KV pool budget (ignored when num_kv_blocks is set)
     num_kv_blocks: int | None = None  # explicit KV pool size in blocks
@@ -49,6 +52,14 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.max_model_len must be >= 2, got {self.max_model_len!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"EngineConfig.num_threads must be >= 1, got {self.num_threads!r}")
+
+    def resolved_quantization(self, device_type: str) -> str:
+        """The weight format actually used on a device of this type ("cpu", "cuda")."""
+        if self.quantization in (None, "none"):
+            return "none"
+        if self.quantization == "auto":
+            return "fp16" if device_type == "cpu" and self.dtype == "float32" else "none"
+        return self.quantization
 
     def resolved_num_threads(self) -> int:
         if self.num_threads is not None:

@@ -24,7 +24,7 @@ def _header(args: argparse.Namespace, engine: Any) -> dict[str, Any]:
     return {
         "model": args.model or "SmolLM2-135M-Instruct (default)",
         "dtype": args.dtype,
-        "quantization": engine.config.quantization or "none",
+        "quantization": engine.quantization,
         "threads": torch.get_num_threads(),
         "cpu_kernels": _kernel_note(),
     }

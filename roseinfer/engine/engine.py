@@ -76,10 +76,11 @@ class LLMEngine:
         elif model_config is None:
             raise ValueError("model_config is required when a model object is given")
         assert model_config is not None
-        if config.quantization not in (None, "none"):
+        self.quantization = config.resolved_quantization(self.device.type)
+        if self.quantization != "none":
             from roseinfer.model.quantize import quantize_model
 
-            quantize_model(model, config.quantization)
+            quantize_model(model, self.quantization)
         self.model_config = model_config
         self.tokenizer = tokenizer
 

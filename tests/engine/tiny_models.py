@@ -27,4 +27,5 @@ def engine_from_hf(hf_model: transformers.PreTrainedModel, **options) -> LLMEngi
     model = create_model(mcfg, torch.float32, torch.device("cpu"))
     model.load_weights(hf_model.state_dict().items())
     options.setdefault("num_threads", 1)
+    options.setdefault("quantization", "none")  # exact: compared with HF
     return LLMEngine(EngineConfig(**options), model=model, model_config=mcfg)

@@ -11,7 +11,7 @@ from roseinfer.model.loader import default_model_path
 
 @pytest.fixture(scope="session")
 def default_llm() -> LLM:
-    return LLM(max_num_batched_tokens=512)
+    return LLM(max_num_batched_tokens=512, quantization="none")  # exact fp32: compared with HF
 
 
 @pytest.fixture(scope="session")

@@ -49,6 +49,12 @@ def test_config_quantization_choices() -> None:
         EngineConfig(quantization="int8")
     with pytest.raises(ValueError):
         quantize_model(nn.Linear(2, 2), "int4")
+    auto = EngineConfig()
+    assert auto.quantization == "auto"
+    assert auto.resolved_quantization("cpu") == "fp16"
+    assert auto.resolved_quantization("cuda") == "none"
+    assert EngineConfig(dtype="bfloat16").resolved_quantization("cpu") == "none"
+    assert EngineConfig(quantization="none").resolved_quantization("cpu") == "none"
 
 
 def _prompt_stats(quantization: str) -> tuple[list[float], list[int]]:
