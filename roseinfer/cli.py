@@ -27,7 +27,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching",
                    action="store_false", default=True)
     g.add_argument("--num-threads", type=int, default=None)
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=None,
+                   help="engine RNG seed for unseeded sampling (default 0); for generate "
+                        "and chat it also seeds each request")
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -37,7 +39,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         enable_prefix_caching=args.enable_prefix_caching, num_threads=args.num_threads,
-        seed=args.seed,
+        seed=args.seed if args.seed is not None else 0,
     )
 
 
@@ -48,8 +50,6 @@ def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--min-p", type=float, default=0.0)
     parser.add_argument("--repetition-penalty", type=float, default=1.0)
-    parser.add_argument("--seed-request", dest="request_seed", type=int, default=None,
-                        help="per-request sampling seed")
     parser.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
 
 
@@ -59,7 +59,7 @@ def _sampling_params(args: argparse.Namespace):  # noqa: ANN202
     return SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
-        seed=args.request_seed, stop=tuple(args.stop or ()),
+        seed=args.seed, stop=tuple(args.stop or ()),
     )
 
 

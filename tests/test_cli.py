@@ -21,7 +21,7 @@ def test_generate_two_prompts_and_stream() -> None:
     assert res.returncode == 0, res.stderr
     assert res.stdout.count("--- [") == 2
     res = run_cli("generate", "--prompt", "Say hi", "--chat", "--stream", "--max-tokens", "6",
-                  "--temperature", "0.7", "--top-p", "0.9", "--seed-request", "3",
+                  "--temperature", "0.7", "--top-p", "0.9", "--seed", "3",
                   "--num-threads", "1")
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip()

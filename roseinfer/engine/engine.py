@@ -97,7 +97,9 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
                                    config.max_num_batched_tokens, self.max_model_len)
         self.runner = ModelRunner(model, model_config, num_blocks, block_size, self.dtype, self.device)
-        self.sampler = Sampler()
+        unseeded_rng = torch.Generator(device=self.device)
+        unseeded_rng.manual_seed(config.seed)
+        self.sampler = Sampler(unseeded_rng)  # RNG of requests without their own seed
         self.eos_token_ids: tuple[int, ...] = (
             tuple(tokenizer.eos_token_ids) if tokenizer is not None else ()
         ) or tuple(model_config.eos_token_ids)

@@ -157,7 +157,14 @@ class SamplerOutput:
 
 
 class Sampler:
-    """Stateless: picks one token per row from ``[B, V]`` float logits."""
+    """Picks one token per row from ``[B, V]`` float logits.
+
+    ``generator`` is the RNG of unseeded sampled rows (the engine seeds it from
+    ``EngineConfig.seed``); None uses torch's default RNG.
+    """
+
+    def __init__(self, generator: torch.Generator | None = None) -> None:
+        self.generator = generator
 
     def __call__(self, logits: Tensor, batch: SamplingBatch) -> SamplerOutput:
         if logits.dim() != 2 or logits.shape != (batch.batch_size, batch.vocab_size):
@@ -201,8 +208,7 @@ class Sampler:
                 top = (ids, values)  # [B, N] each
         return SamplerOutput(token_ids, logprobs, top)
 
-    @staticmethod
-    def _sample(x: Tensor, batch: SamplingBatch) -> Tensor:
+    def _sample(self, x: Tensor, batch: SamplingBatch) -> Tensor:
         """Temperature, top-k/top-p/min-p, then the exponential race. x: [B, V]."""
         x = x / batch.temperature.unsqueeze(1)
         if batch.any_topk or batch.any_topp:
@@ -214,7 +220,7 @@ class Sampler:
         if batch.any_minp:
             x = apply_min_p(x, batch.min_p)
         probs = torch.softmax(x, dim=-1)  # [B, V]
-        noise = exponential_noise(probs, batch.generators, batch.seeded_rows)
+        noise = exponential_noise(probs, batch.generators, batch.seeded_rows, self.generator)
         return probs.div_(noise).argmax(dim=-1)
 
 
@@ -268,18 +274,22 @@ def apply_min_p(logits: Tensor, min_p: Tensor) -> Tensor:
 
 
 def exponential_noise(
-    probs: Tensor, generators: Sequence[torch.Generator | None], seeded_rows: Sequence[int]
+    probs: Tensor,
+    generators: Sequence[torch.Generator | None],
+    seeded_rows: Sequence[int],
+    default_generator: torch.Generator | None = None,
 ) -> Tensor:
     """Exponential(1) noise like probs [B, V] for the race argmax(probs / noise).
 
-    Unseeded rows share one draw from the default RNG; each row in
+    Unseeded rows share one draw from ``default_generator`` (torch's default RNG
+    when None); each row in
     ``seeded_rows`` draws its own row from ``generators[row]``, so a seeded row's
     noise depends only on its generator, never on the batch around it (greedy
     rows are left out of ``seeded_rows`` and leave their generator untouched).
     """
     noise = torch.empty_like(probs)  # [B, V]
     if len(seeded_rows) < probs.shape[0]:
-        noise.exponential_()
+        noise.exponential_(generator=default_generator)
     for i in seeded_rows:
         noise[i].exponential_(generator=generators[i])
     # exponential_ may return exactly 0; keep the division finite.

@@ -158,3 +158,15 @@ def test_bad_requests_rejected(hf_model) -> None:
                 assert len(o.prompt_token_ids) + len(o.outputs[0].token_ids) == 32
     assert out is not None
     assert_pool_empty(engine)
+
+
+def test_unseeded_sampling_reproducible_from_engine_seed(hf_model) -> None:
+    params = SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True)
+    prompt = prompts_mixed(1, seed=9)[0]
+
+    def run(seed: int) -> list[int]:
+        llm = LLM.from_engine(engine_from_hf(hf_model, block_size=4, seed=seed))
+        return llm.generate([prompt], params)[0].outputs[0].token_ids
+
+    assert run(5) == run(5)
+    assert run(5) != run(6)
