@@ -1,4 +1,4 @@
-"""Optional C++ CPU kernels (``csrc/cpu_kernels.cpp``), built on first use and cached.
+"""Optional C++ CPU kernels (``csrc/*.cpp``), built on first use and cached.
 
 ``cpu_kernels_available()`` builds (once, see ``build.py``) and loads the library and
 says whether it works; every caller falls back to plain PyTorch when it does not

@@ -1,11 +1,12 @@
-"""Build the CPU kernel library (``csrc/cpu_kernels.cpp``) with the system C++ compiler.
+"""Build the CPU kernel library (``csrc/*.cpp``) with the system C++ compiler.
 
 The shared library is compiled once per (source, torch version, CPU flags) into
 ``build/roseinfer-kernels/<key>/`` at the repository root (or ``$ROSEINFER_KERNEL_DIR``),
 under a file lock so concurrent processes build it once.  ``-march=native`` is safe
 because the key includes this CPU's flags: another machine builds its own copy.
 ``python -m roseinfer.kernels.build`` builds it ahead of time (``make setup``).
-No ninja or pybind: one ``g++`` call against the torch headers and libraries.
+No ninja or pybind: one ``g++ -c`` per source file (run in parallel) against the torch
+headers, then one link.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-SOURCE = Path(__file__).parent / "csrc" / "cpu_kernels.cpp"
+CSRC = Path(__file__).parent / "csrc"
 LIB_NAME = "roseinfer_cpu_kernels.so"
 
 
@@ -44,7 +45,7 @@ def _key() -> str:
     import torch
 
     h = hashlib.sha256()
-    for f in sorted(SOURCE.parent.rglob("*.[ch]*")):
+    for f in sorted(CSRC.rglob("*.[ch]*")):
         h.update(f.read_bytes())
     h.update(torch.__version__.encode())
     h.update(_cpu_flags().encode())
@@ -52,21 +53,54 @@ def _key() -> str:
     return h.hexdigest()[:16]
 
 
-def _command(out: Path) -> list[str]:
+def sources() -> list[Path]:
+    return sorted(CSRC.glob("*.cpp"))
+
+
+def _flags() -> tuple[str, list[str], list[str]]:
+    """(compiler, compile flags, link flags)."""
     import torch
     from torch.utils import cpp_extension
 
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or "c++"
-    includes = cpp_extension.include_paths()
     lib_dir = Path(torch.__file__).parent / "lib"
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    return [
-        cxx, str(SOURCE), "-o", str(out), "-shared", "-fPIC", "-std=c++17", "-O3",
-        "-march=native", "-fopenmp", "-DNDEBUG", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-        "-DTORCH_API_INCLUDE_EXTENSION_H", "-w",
-        *(f"-I{p}" for p in includes), f"-I{SOURCE.parent / 'stub'}", f"-I{sysconfig.get_paths()['include']}",
-        f"-L{lib_dir}", f"-Wl,-rpath,{lib_dir}", "-lc10", "-ltorch_cpu", "-ltorch",
+    compile_flags = [
+        "-fPIC", "-std=c++17", "-O3", "-march=native", "-fopenmp", "-DNDEBUG",
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-DTORCH_API_INCLUDE_EXTENSION_H", "-w",
+        *(f"-I{p}" for p in cpp_extension.include_paths()), f"-I{CSRC / 'stub'}",
+        f"-I{sysconfig.get_paths()['include']}",
     ]
+    link_flags = ["-shared", "-fopenmp", f"-L{lib_dir}", f"-Wl,-rpath,{lib_dir}", "-lc10",
+                  "-ltorch_cpu", "-ltorch"]
+    return cxx, compile_flags, link_flags
+
+
+def _compile(out: Path, work: Path, verbose: bool) -> tuple[int, str]:
+    """Compile every source (in parallel) into ``work`` and link ``out``: (rc, log)."""
+    cxx, cflags, lflags = _flags()
+    objs, procs = [], []
+    for src in sources():
+        obj = work / (src.stem + ".o")
+        cmd = [cxx, "-c", str(src), "-o", str(obj), *cflags]
+        if verbose:
+            print(" ".join(cmd), file=sys.stderr)
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+        objs.append(str(obj))
+    log, rc = "", 0
+    for p in procs:
+        out_text, _ = p.communicate()
+        log += out_text
+        rc = rc or p.returncode
+    if rc == 0:
+        cmd = [cxx, *objs, "-o", str(out), *lflags]
+        if verbose:
+            print(" ".join(cmd), file=sys.stderr)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        log += proc.stdout + proc.stderr
+        rc = proc.returncode
+    return rc, log
 
 
 def build(verbose: bool = False) -> Path:
@@ -81,16 +115,18 @@ def build(verbose: bool = False) -> Path:
         if lib.exists():
             return lib
         tmp = target_dir / f"{LIB_NAME}.{os.getpid()}.tmp"
-        cmd = _command(tmp)
-        if verbose:
-            print(" ".join(cmd), file=sys.stderr)
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
+        work = target_dir / f"obj.{os.getpid()}"
+        work.mkdir(exist_ok=True)
+        try:
+            rc, log = _compile(tmp, work, verbose)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        if rc != 0:
             tmp.unlink(missing_ok=True)
-            (target_dir / "build.log").write_text(proc.stdout + proc.stderr)
+            (target_dir / "build.log").write_text(log)
             raise RuntimeError(
                 f"building the CPU kernels failed (log: {target_dir / 'build.log'}):\n"
-                + proc.stderr[-2000:]
+                + log[-2000:]
             )
         tmp.rename(lib)
     return lib

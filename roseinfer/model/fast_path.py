@@ -60,3 +60,24 @@ def build_llama_decode_stack(model: Any, sample: Tensor) -> object | None:
                         layer.post_attention_layernorm.weight.detach(), *linears)
     logger.info("decode steps run in the C++ decoder stack (%d layers)", len(inner.layers))
     return stack
+
+
+def build_head_kernel(model: Any) -> object | None:
+    """A kernel ``Linear`` over a float32 LM head (tied or not), sharing its weight: the
+    kernel's threaded GEMV beats MKL for the few rows of a small decode batch.  None for
+    an fp16 head (already a kernel) or anything else."""
+    from roseinfer.kernels import cpu_kernels_available, make_linear
+    from roseinfer.model.quantize import Fp16Linear
+
+    head = getattr(model, "lm_head", None)
+    if isinstance(head, Fp16Linear) or not cpu_kernels_available():
+        return None
+    if head is None:
+        weight, bias = model.tied_embedding(), None
+    elif isinstance(head, nn.Linear):
+        weight, bias = head.weight, head.bias
+    else:
+        return None
+    if weight.dtype != torch.float32 or weight.device.type != "cpu" or not weight.is_contiguous():
+        return None
+    return make_linear(weight, bias, fp16=False)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -124,6 +125,7 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self._stack: object | None = None
         self._stack_state = "unbuilt"
+        self._head_kernel: object | None = None
 
     def forward(
         self,
@@ -155,14 +157,18 @@ class LlamaForCausalLM(nn.Module):
         """The C++ decode stack over this model's weights, built on first use; None if
         the kernels are unavailable or do not cover this model (see ``fast_path``)."""
         if self._stack_state == "unbuilt":
-            from roseinfer.model.fast_path import build_llama_decode_stack
+            from roseinfer.model.fast_path import build_head_kernel, build_llama_decode_stack
 
             self._stack = build_llama_decode_stack(self, h)
+            self._head_kernel = None if self._stack is None else build_head_kernel(self)
             self._stack_state = "built"
         return self._stack
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """hidden [N, hidden] -> float32 logits [N, vocab]."""
+        head = self._head_kernel if self._stack_state == "built" else None
+        if head is not None and hidden.shape[0] <= 4 and hidden.dtype == torch.float32:
+            return head.forward(hidden)  # fp32 GEMV of the C++ kernels (see fast_path)
         if self.lm_head is not None:
             return self.lm_head(hidden).float()  # [N, vocab]
         return F.linear(hidden, self.model.embed_tokens.weight).float()  # [N, vocab]

@@ -1,0 +1,204 @@
+// Paged decode attention (see attention.h), AVX2/FMA with a scalar fallback.
+#include "attention.h"
+
+namespace roseinfer {
+
+#ifdef ROSEINFER_AVX2
+// sum_i a[i] * b[i] for n a multiple of 8.
+static inline float dot(const float* a, const float* b, int64_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+  }
+  for (; i < n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+  return hsum8(_mm256_add_ps(s0, s1));
+}
+// acc[i] += p * v[i] for n a multiple of 8.
+static inline void axpy(float* acc, float p, const float* v, int64_t n) {
+  const __m256 pv = _mm256_set1_ps(p);
+  for (int64_t i = 0; i < n; i += 8)
+    _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + i),
+                                              _mm256_loadu_ps(acc + i)));
+}
+
+// sg[t] = exp(sg[t] - max) / sum over t < L.
+static inline void softmax_row(float* sg, int64_t L) {
+  float mx = -INFINITY;
+  for (int64_t t = 0; t < L; ++t) mx = std::max(mx, sg[t]);
+  const __m256 vmx = _mm256_set1_ps(mx);
+  __m256 vsum = _mm256_setzero_ps();
+  int64_t t = 0;
+  for (; t + 8 <= L; t += 8) {
+    __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + t), vmx));
+    _mm256_storeu_ps(sg + t, e);
+    vsum = _mm256_add_ps(vsum, e);
+  }
+  float sum = hsum8(vsum);
+  for (; t < L; ++t) {
+    sg[t] = std::exp(sg[t] - mx);
+    sum += sg[t];
+  }
+  const __m256 inv = _mm256_set1_ps(1.f / sum);
+  t = 0;
+  for (; t + 8 <= L; t += 8) _mm256_storeu_ps(sg + t, _mm256_mul_ps(_mm256_loadu_ps(sg + t), inv));
+  for (; t < L; ++t) sg[t] *= 1.f / sum;
+}
+
+// One (sequence, KV head) work item with the head dim known at compile time, so the
+// query-dot and the output accumulators stay in registers.
+template <int DH>
+static void attend_item(const float* qd, const float* kc, const float* vc, const int32_t* table,
+                        int64_t L, int64_t G, int64_t row, int64_t bs, int64_t kh, float scale,
+                        float* scores, float* od) {
+  constexpr int NV = DH / 8;
+  for (int64_t t0 = 0; t0 < L; t0 += bs) {
+    const float* kb = kc + ((int64_t)table[t0 / bs] * bs) * row + kh * DH;
+    const int64_t n = std::min(bs, L - t0);
+    for (int64_t j = 0; j < n; ++j) {
+      const float* k = kb + j * row;
+      for (int64_t g = 0; g < G; ++g) {
+        const float* qg = qd + g * DH;
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        for (int v = 0; v < NV; v += 2) {
+          a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 8 * v), _mm256_loadu_ps(k + 8 * v), a0);
+          if (v + 1 < NV)
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 8 * v + 8), _mm256_loadu_ps(k + 8 * v + 8), a1);
+        }
+        scores[g * L + t0 + j] = hsum8(_mm256_add_ps(a0, a1)) * scale;
+      }
+    }
+  }
+  for (int64_t g = 0; g < G; ++g) softmax_row(scores + g * L, L);
+  for (int64_t g = 0; g < G; ++g) {
+    __m256 acc[NV];
+    for (int v = 0; v < NV; ++v) acc[v] = _mm256_setzero_ps();
+    const float* sg = scores + g * L;
+    for (int64_t t0 = 0; t0 < L; t0 += bs) {
+      const float* vb = vc + ((int64_t)table[t0 / bs] * bs) * row + kh * DH;
+      const int64_t n = std::min(bs, L - t0);
+      for (int64_t j = 0; j < n; ++j) {
+        const __m256 p = _mm256_set1_ps(sg[t0 + j]);
+        const float* v = vb + j * row;
+        for (int u = 0; u < NV; ++u) acc[u] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * u), acc[u]);
+      }
+    }
+    for (int v = 0; v < NV; ++v) _mm256_storeu_ps(od + g * DH + 8 * v, acc[v]);
+  }
+}
+static constexpr bool kVecDot = true;
+#else
+static inline float dot(const float* a, const float* b, int64_t n) {
+  float s = 0.f;
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+static inline void axpy(float* acc, float p, const float* v, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) acc[i] += p * v[i];
+}
+static constexpr bool kVecDot = false;
+#endif
+
+static inline float dot_any(const float* a, const float* b, int64_t n) {
+  if (kVecDot && n % 8 == 0) return dot(a, b, n);
+  float s = 0.f;
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+static inline void axpy_any(float* acc, float p, const float* v, int64_t n) {
+  if (kVecDot && n % 8 == 0) return axpy(acc, p, v, n);
+  for (int64_t i = 0; i < n; ++i) acc[i] += p * v[i];
+}
+
+// One query token per sequence attends to its whole context in the paged cache.
+// Work item = (sequence, KV head): each K/V row is read once for the G query heads
+// that share it.  q [D, H, Dh]; out [D, H, Dh].
+void decode_attention(const float* q, const float* kc, const float* vc,
+                             const int32_t* bt, int64_t bt_stride, const int32_t* lens,
+                             int64_t D, int64_t H, int64_t Hkv, int64_t Dh, int64_t bs,
+                             float scale, float* out) {
+  const int64_t G = H / Hkv;
+  const int64_t row = Hkv * Dh;  // floats between consecutive slots
+  at::parallel_for(0, D * Hkv, 1, [&](int64_t b0, int64_t e0) {
+    std::vector<float> scores;
+    for (int64_t item = b0; item < e0; ++item) {
+      const int64_t d = item / Hkv, kh = item % Hkv;
+      const int64_t L = lens[d];
+      scores.resize(G * L);
+      const float* qd = q + (d * H + kh * G) * Dh;
+      const int32_t* table = bt + d * bt_stride;
+      float* od = out + (d * H + kh * G) * Dh;
+#ifdef ROSEINFER_AVX2
+      if (Dh == 64) {
+        attend_item<64>(qd, kc, vc, table, L, G, row, bs, kh, scale, scores.data(), od);
+        continue;
+      }
+      if (Dh == 128) {
+        attend_item<128>(qd, kc, vc, table, L, G, row, bs, kh, scale, scores.data(), od);
+        continue;
+      }
+#endif
+      for (int64_t t0 = 0; t0 < L; t0 += bs) {  // one KV block at a time
+        const float* kb = kc + ((int64_t)table[t0 / bs] * bs * Hkv + kh) * Dh;
+        const int64_t n = std::min(bs, L - t0);
+        for (int64_t j = 0; j < n; ++j) {
+          const float* k = kb + j * row;
+          for (int64_t g = 0; g < G; ++g)
+            scores[g * L + t0 + j] = dot_any(qd + g * Dh, k, Dh) * scale;
+        }
+      }
+      for (int64_t g = 0; g < G; ++g) {
+        float* sg = scores.data() + g * L;
+        float mx = -INFINITY;
+        for (int64_t t = 0; t < L; ++t) mx = std::max(mx, sg[t]);
+        float sum = 0.f;
+        for (int64_t t = 0; t < L; ++t) {
+          sg[t] = std::exp(sg[t] - mx);
+          sum += sg[t];
+        }
+        const float inv = 1.f / sum;
+        for (int64_t t = 0; t < L; ++t) sg[t] *= inv;
+      }
+      std::fill(od, od + G * Dh, 0.f);
+      for (int64_t t0 = 0; t0 < L; t0 += bs) {
+        const float* vb = vc + ((int64_t)table[t0 / bs] * bs * Hkv + kh) * Dh;
+        const int64_t n = std::min(bs, L - t0);
+        for (int64_t g = 0; g < G; ++g) {
+          const float* sg = scores.data() + g * L + t0;
+          for (int64_t j = 0; j < n; ++j) axpy_any(od + g * Dh, sg[j], vb + j * row, Dh);
+        }
+      }
+    }
+  });
+}
+
+void check_decode_args(const at::Tensor& kv_cache, const at::Tensor& block_tables,
+                              const at::Tensor& context_lens) {
+  TORCH_CHECK(kv_cache.dim() == 4 && kv_cache.size(0) == 2 && kv_cache.is_contiguous() &&
+                  kv_cache.scalar_type() == at::kFloat,
+              "kv_cache must be contiguous float32 [2, slots, Hkv, Dh]");
+  TORCH_CHECK(block_tables.scalar_type() == at::kInt && block_tables.dim() == 2 &&
+                  block_tables.stride(1) == 1,
+              "block_tables must be int32 [D, W] with unit column stride");
+  TORCH_CHECK(context_lens.scalar_type() == at::kInt && context_lens.is_contiguous(),
+              "context_lens must be contiguous int32 [D]");
+}
+
+at::Tensor paged_decode_attention(at::Tensor q, at::Tensor kv_cache, at::Tensor block_tables,
+                                  at::Tensor context_lens, int64_t block_size, double scale) {
+  check_decode_args(kv_cache, block_tables, context_lens);
+  auto qc = q.contiguous();
+  TORCH_CHECK(qc.dim() == 3 && qc.scalar_type() == at::kFloat, "q must be float32 [D, H, Dh]");
+  const int64_t D = qc.size(0), H = qc.size(1), Dh = qc.size(2);
+  const int64_t S = kv_cache.size(1), Hkv = kv_cache.size(2);
+  TORCH_CHECK(kv_cache.size(3) == Dh && H % Hkv == 0, "head shapes do not match the cache");
+  auto out = at::empty_like(qc);
+  const float* kc = kv_cache.data_ptr<float>();
+  decode_attention(qc.data_ptr<float>(), kc, kc + S * Hkv * Dh, block_tables.data_ptr<int32_t>(),
+                   block_tables.stride(0), context_lens.data_ptr<int32_t>(), D, H, Hkv, Dh,
+                   block_size, (float)scale, out.data_ptr<float>());
+  return out;
+}
+
+}  // namespace roseinfer

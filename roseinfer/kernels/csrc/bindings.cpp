@@ -1,0 +1,34 @@
+// Registers the kernels as torch ops / classes under the "roseinfer" namespace:
+//   torch.classes.roseinfer.Linear(weight[N,K] f32, bias[N]|None, fp16: bool)
+//   torch.classes.roseinfer.LlamaStack(hidden, heads, kv_heads, head_dim, inter, eps, final_norm)
+//   torch.ops.roseinfer.paged_decode_attention(q, kv_cache, block_tables, context_lens,
+//                                              block_size, scale)
+// Layouts follow docs/CONTRACTS.md: kv_cache [2, slots, Hkv, Dh] float32; slot of
+#include <torch/library.h>
+
+#include "attention.h"
+#include "linear.h"
+#include "stack.h"
+
+TORCH_LIBRARY(roseinfer, m) {
+  m.class_<roseinfer::Linear>("Linear")
+      .def(torch::init<at::Tensor, std::optional<at::Tensor>, bool>())
+      .def("forward", &roseinfer::Linear::forward)
+      .def("in_features", [](const c10::intrusive_ptr<roseinfer::Linear>& self) {
+        return self->in_features;
+      })
+      .def("out_features", [](const c10::intrusive_ptr<roseinfer::Linear>& self) {
+        return self->out_features;
+      });
+  m.class_<roseinfer::LlamaStack>("LlamaStack")
+      .def(torch::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, at::Tensor>())
+      .def("add_layer", &roseinfer::LlamaStack::add_layer)
+      .def("num_layers", &roseinfer::LlamaStack::num_layers)
+      .def("set_profiling", &roseinfer::LlamaStack::set_profiling)
+      .def("profile", &roseinfer::LlamaStack::profile)
+      .def("forward", &roseinfer::LlamaStack::forward);
+  m.def(
+      "paged_decode_attention(Tensor q, Tensor kv_cache, Tensor block_tables, "
+      "Tensor context_lens, int block_size, float scale) -> Tensor");
+  m.impl("paged_decode_attention", c10::DispatchKey::CPU, &roseinfer::paged_decode_attention);
+}

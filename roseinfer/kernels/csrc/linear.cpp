@@ -1,0 +1,125 @@
+// Linear layer kernel (see linear.h).
+#include "linear.h"
+
+#include <cstdlib>
+
+namespace roseinfer {
+
+#ifdef ROSEINFER_AVX2
+// y[m, n] = x[m, :] . w[n, :] (+ b[n]) for MM input rows and R output rows at a time:
+// fp32 products, fp32 accumulation (two partial sums per pair, then one reduction).
+template <int MM, int R>
+static inline void gemv_rows(const float* x, const float* w, const float* b, float* y,
+                             int64_t n0, int64_t K, int64_t N) {
+  __m256 acc[MM][R][2];
+  for (int m = 0; m < MM; ++m)
+    for (int r = 0; r < R; ++r) acc[m][r][0] = acc[m][r][1] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    for (int h = 0; h < 2; ++h) {
+      __m256 wv[R];
+      for (int r = 0; r < R; ++r) wv[r] = _mm256_loadu_ps(w + (n0 + r) * K + k + 8 * h);
+      for (int m = 0; m < MM; ++m) {
+        const __m256 xv = _mm256_loadu_ps(x + m * K + k + 8 * h);
+        for (int r = 0; r < R; ++r) acc[m][r][h] = _mm256_fmadd_ps(xv, wv[r], acc[m][r][h]);
+      }
+    }
+  }
+  for (; k < K; k += 8) {
+    for (int m = 0; m < MM; ++m) {
+      const __m256 xv = _mm256_loadu_ps(x + m * K + k);
+      for (int r = 0; r < R; ++r)
+        acc[m][r][0] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w + (n0 + r) * K + k), acc[m][r][0]);
+    }
+  }
+  for (int m = 0; m < MM; ++m)
+    for (int r = 0; r < R; ++r)
+      y[m * N + n0 + r] =
+          hsum8(_mm256_add_ps(acc[m][r][0], acc[m][r][1])) + (b ? b[n0 + r] : 0.f);
+}
+
+// Small-batch fp32 GEMM (M <= 4, K % 8 == 0): memory-bound, so stream W once with the
+// output rows split over the intra-op threads (MKL runs one row of x as a slow GEMM).
+template <int MM>
+static void gemv_fp32(const float* x, const float* w, const float* b, float* y, int64_t K,
+                      int64_t N) {
+  constexpr int R = MM <= 2 ? 4 : 2;
+  at::parallel_for(0, N / R, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0; i < r1; ++i) gemv_rows<MM, R>(x, w, b, y, i * R, K, N);
+  });
+  for (int64_t n = N / R * R; n < N; ++n) gemv_rows<MM, 1>(x, w, b, y, n, K, N);
+}
+#endif
+
+Linear::Linear(at::Tensor w, std::optional<at::Tensor> b, bool fp16) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kFloat && w.device().is_cpu(),
+              "Linear: weight must be a 2-D float32 CPU tensor");
+  out_features = w.size(0);
+  in_features = w.size(1);
+  if (b.has_value() && b->defined()) bias = b->contiguous().to(at::kFloat);
+  if (fp16) {
+    auto wc = w.contiguous();
+    packed = std::make_unique<fbgemm::PackedGemmMatrixFP16>(
+        fbgemm::matrix_op_t::Transpose, (int)in_features, (int)out_features, 1.0f,
+        wc.data_ptr<float>());
+  } else {
+    weight = w;
+    const char* env = std::getenv("ROSEINFER_FP32_GEMV");
+    use_gemv = !(env && env[0] == '0');
+  }
+}
+
+void Linear::run(const at::Tensor& x, at::Tensor& y) const {
+  const int64_t m = x.size(0);
+  if (packed) {
+    const int nt = std::max<int>(1, at::get_num_threads());
+    const float* xp = x.data_ptr<float>();
+    float* yp = y.data_ptr<float>();
+    const auto& bp = *packed;
+    if (nt == 1) {
+      fbgemm::cblas_gemm_compute(fbgemm::matrix_op_t::NoTranspose, (int)m, xp, bp, 0.0f, yp);
+    } else {
+      at::parallel_for(0, nt, 1, [&](int64_t b0, int64_t e0) {
+        for (int64_t t = b0; t < e0; ++t)
+          fbgemm::cblas_gemm_compute(fbgemm::matrix_op_t::NoTranspose, (int)m, xp, bp, 0.0f,
+                                     yp, (int)t, nt);
+      });
+    }
+    if (bias.defined()) y.add_(bias);
+    return;
+  }
+#ifdef ROSEINFER_AVX2
+  if (m <= 4 && in_features % 8 == 0 && weight.is_contiguous() && use_gemv) {
+    const float* xp = x.data_ptr<float>();
+    const float* wp = weight.data_ptr<float>();
+    const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
+    float* yp = y.data_ptr<float>();
+    const int64_t K = in_features, N = out_features;
+    switch (m) {
+      case 1: gemv_fp32<1>(xp, wp, bp, yp, K, N); return;
+      case 2: gemv_fp32<2>(xp, wp, bp, yp, K, N); return;
+      case 3: gemv_fp32<3>(xp, wp, bp, yp, K, N); return;
+      case 4: gemv_fp32<4>(xp, wp, bp, yp, K, N); return;
+      default: break;
+    }
+  }
+#endif
+  if (bias.defined()) {
+    at::addmm_out(y, bias, x, weight.t());
+  } else {
+    at::mm_out(y, x, weight.t());
+  }
+}
+
+at::Tensor Linear::forward(at::Tensor x) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.size(-1) == in_features,
+              "Linear: input must be float32 [..., in_features]");
+  auto sizes = x.sizes().vec();
+  auto x2 = x.reshape({-1, in_features}).contiguous();
+  auto y = at::empty({x2.size(0), out_features}, x.options());
+  run(x2, y);
+  sizes.back() = out_features;
+  return y.view(sizes);
+}
+
+}  // namespace roseinfer

@@ -1,0 +1,31 @@
+// Linear layer kernel: y[M,N] = x[M,K] W^T + b.
+//   fp16: weights packed for fbgemm's fp16 GEMM (fp32 math), the output columns split
+//         over the intra-op threads (torch's own op runs on one).
+//   fp32: the weight tensor as given; M <= 4 rows through an AVX2/FMA GEMV threaded over
+//         the output rows (fp32 accumulation), larger M through at::mm (MKL).
+#pragma once
+
+#include <fbgemm/FbgemmFP16.h>
+#include <torch/custom_class.h>
+
+#include <memory>
+#include <optional>
+
+#include "common.h"
+
+namespace roseinfer {
+
+struct Linear : torch::CustomClassHolder {
+  std::unique_ptr<fbgemm::PackedGemmMatrixFP16> packed;
+  at::Tensor weight;  // fp32 [N, K] when not packed
+  at::Tensor bias;    // undefined or fp32 [N]
+  int64_t in_features = 0;
+  int64_t out_features = 0;
+  bool use_gemv = true;  // fp32, M <= 4: the AVX2 GEMV instead of MKL (A/B switch)
+
+  Linear(at::Tensor w, std::optional<at::Tensor> b, bool fp16);
+  void run(const at::Tensor& x, at::Tensor& y) const;  // x [M,K] contiguous, y [M,N]
+  at::Tensor forward(at::Tensor x);
+};
+
+}  // namespace roseinfer

@@ -1,0 +1,53 @@
+// LlamaStack: all decoder layers + final norm of a decode step (one token per
+// sequence) in one call: h [B, hidden] (embedded tokens) -> final-norm hidden
+// [B, hidden].  Writes each token's K/V into its cache slot first.
+#pragma once
+
+#include <torch/custom_class.h>
+
+#include <vector>
+
+#include "linear.h"
+
+namespace roseinfer {
+
+struct LlamaStack : torch::CustomClassHolder {
+  int64_t hidden, H, Hkv, Dh, inter;
+  double eps;
+  at::Tensor final_norm;
+  std::vector<at::Tensor> in_norm, post_norm;
+  std::vector<c10::intrusive_ptr<Linear>> qkv, o, gate_up, down;
+  // Profile counters (seconds): gemm, attention, kv_write + rotary, other row ops.
+  bool profiling = false;
+  std::vector<double> times = std::vector<double>(4, 0.0);
+
+  LlamaStack(int64_t hidden_, int64_t heads, int64_t kv_heads, int64_t head_dim,
+             int64_t inter_, double eps_, at::Tensor final_norm_)
+      : hidden(hidden_), H(heads), Hkv(kv_heads), Dh(head_dim), inter(inter_), eps(eps_),
+        final_norm(final_norm_.contiguous()) {}
+
+  void add_layer(at::Tensor in_w, at::Tensor post_w, c10::intrusive_ptr<Linear> qkv_,
+                 c10::intrusive_ptr<Linear> o_, c10::intrusive_ptr<Linear> gate_up_,
+                 c10::intrusive_ptr<Linear> down_) {
+    in_norm.push_back(in_w.contiguous());
+    post_norm.push_back(post_w.contiguous());
+    qkv.push_back(qkv_);
+    o.push_back(o_);
+    gate_up.push_back(gate_up_);
+    down.push_back(down_);
+  }
+
+  int64_t num_layers() const { return (int64_t)qkv.size(); }
+
+  void set_profiling(bool on) {
+    profiling = on;
+    std::fill(times.begin(), times.end(), 0.0);
+  }
+  std::vector<double> profile() const { return times; }
+
+  at::Tensor forward(at::Tensor h_in, at::Tensor positions, at::Tensor cos_sin,
+                     std::vector<at::Tensor> kv_caches, at::Tensor block_tables,
+                     at::Tensor context_lens, at::Tensor slot_mapping, int64_t block_size);
+};
+
+}  // namespace roseinfer
