@@ -1,4 +1,4 @@
-"""Thin wrapper: `python benchmarks/profile.py ARGS` == `roseinfer bench profile ARGS` (see --help)."""
+"""Thin wrapper: `python benchmarks/profile_step.py ARGS` (not profile.py: that would shadow the stdlib module) == `roseinfer bench profile ARGS` (see --help)."""
 
 from __future__ import annotations
 
