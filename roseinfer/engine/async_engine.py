@@ -24,7 +24,6 @@ the engine thread.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import threading
 import time
@@ -145,7 +144,7 @@ class AsyncEngine:
         self._dead: BaseException | None = None
         self._tracked: dict[str, _Tracked] = {}  # engine thread only
         self._observers: list[StepObserver] = []
-        self._stats = _copy_stats(engine.get_stats())
+        self._stats = engine.get_stats()  # a snapshot copy
         self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------ lifecycle
@@ -348,7 +347,7 @@ class AsyncEngine:
                 pass
 
     def _publish_stats(self) -> None:
-        snapshot = _copy_stats(self.engine.get_stats())
+        snapshot = self.engine.get_stats()
         with self._cond:
             self._stats = snapshot
             self._in_transit = 0
@@ -365,10 +364,6 @@ class AsyncEngine:
                 100 * s.prefix_cache_hit_rate,
             )
         return prompt, gen
-
-
-def _copy_stats(stats: EngineStats) -> EngineStats:
-    return dataclasses.replace(stats, finished=dict(stats.finished))
 
 
 def _put_all(batch: list[tuple[RequestStream, RequestOutput | BaseException]]) -> None:

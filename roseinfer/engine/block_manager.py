@@ -186,6 +186,7 @@ class BlockManager:
                 else:
                     self._free_queue[block_id] = None  # cached: most recently used
         request.block_table = []
+        request.num_offered_blocks = 0
 
     def cache_full_blocks(self, request: Request) -> None:
         """Register the request's newly computed full blocks in the prefix cache."""
@@ -195,7 +196,7 @@ class BlockManager:
         bs = self.block_size
         num_full = min(request.num_computed_tokens // bs, len(request.block_hashes))
         tokens = request.all_token_ids
-        for i in range(num_full):
+        for i in range(request.num_offered_blocks, num_full):  # only blocks new since last call
             block = self.blocks[request.block_table[i]]
             h = request.block_hashes[i]
             if block.block_hash is not None or h in self._cached:
@@ -204,6 +205,7 @@ class BlockManager:
             block.parent_hash = request.block_hashes[i - 1] if i else None
             block.token_ids = tuple(tokens[i * bs:(i + 1) * bs])
             self._cached[h] = block.block_id
+        request.num_offered_blocks = max(request.num_offered_blocks, num_full)
 
     def reset_prefix_cache(self) -> None:
         """Forget every unused cached block (used ones keep their entries)."""

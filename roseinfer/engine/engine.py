@@ -21,7 +21,7 @@ from torch import nn
 from roseinfer.config import EngineConfig
 from roseinfer.engine.block_manager import BlockManager
 from roseinfer.engine.detokenizer import IncrementalDetokenizer
-from roseinfer.engine.request import Request, RequestStatus, TokenLogprobs
+from roseinfer.engine.request import Request, RequestStatus
 from roseinfer.engine.scheduler import Scheduler, SchedulerOutput
 from roseinfer.engine.stats import EngineStats
 from roseinfer.model.config import ModelConfig
@@ -242,7 +242,7 @@ class LLMEngine:
             if req.params.logprobs is not None and lps is not None:
                 n = req.params.logprobs
                 top = list(zip(tops[0][k][:n], tops[1][k][:n], strict=True)) if tops else []
-                req.output_logprobs.append(TokenLogprobs(tokens[k], lps[k], top))
+                req.output_logprobs.append(self._logprob_entry(tokens[k], lps[k], top))
                 req.cumulative_logprob += lps[k]
         it = iter(tokens)
         for i, s in enumerate(sched.scheduled):
@@ -324,7 +324,7 @@ class LLMEngine:
             logprobs = None
             delta_lp = None
             if child.params.logprobs is not None:
-                logprobs = [self._logprob_entry(t) for t in child.output_logprobs]
+                logprobs = child.output_logprobs  # built once per token in _sample
                 delta_lp = logprobs[-1:] if delta_tok is not None else []
             outs.append(CompletionOutput(
                 index=i, text=group.texts[i], token_ids=child.output_token_ids,
@@ -344,11 +344,12 @@ class LLMEngine:
             prompt_logprobs=group.prompt_logprobs,
         )
 
-    def _logprob_entry(self, t: TokenLogprobs) -> dict[int, Logprob]:
-        entry: dict[int, Logprob] = {}
-        rank_of = {tid: r + 1 for r, (tid, _) in enumerate(t.top)}
-        entry[t.token_id] = Logprob(t.logprob, rank_of.get(t.token_id), self._piece(t.token_id))
-        for r, (tid, v) in enumerate(t.top):
+    def _logprob_entry(self, token_id: int, logprob: float,
+                       top: list[tuple[int, float]]) -> dict[int, Logprob]:
+        """The sampled token's Logprob plus the top-N alternatives, keyed by token id."""
+        rank_of = {tid: r + 1 for r, (tid, _) in enumerate(top)}
+        entry = {token_id: Logprob(logprob, rank_of.get(token_id), self._piece(token_id))}
+        for r, (tid, v) in enumerate(top):
             entry.setdefault(tid, Logprob(v, r + 1, self._piece(tid)))
         return entry
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from roseinfer.outputs import Logprob
 from roseinfer.sampling_params import SamplingParams
 
 
@@ -34,15 +35,6 @@ class RequestStatus(enum.Enum):
         )
 
 
-@dataclass(slots=True)
-class TokenLogprobs:
-    """Logprob of one generated token and the top-N alternatives (raw distribution)."""
-
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]]
-
-
 @dataclass(eq=False)
 class Request:
     request_id: str
@@ -60,9 +52,11 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache (first schedule)
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # chain hash of each full block
+    num_offered_blocks: int = 0  # leading full blocks already offered to the prefix cache
     num_preemptions: int = 0
     stop_reason: str | int | None = None  # matched stop string or stop token id
-    output_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    # Per generated token (when params.logprobs is set): token id -> Logprob.
+    output_logprobs: list[dict[int, Logprob]] = field(default_factory=list)
     cumulative_logprob: float = 0.0
     first_token_time: float | None = None
     finished_time: float | None = None

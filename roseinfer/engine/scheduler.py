@@ -108,8 +108,9 @@ class Scheduler:
 
         # 2. Waiting requests, FCFS, unless this step had to preempt.
         pending_hashes: set[int] = set()  # blocks being computed this step, not yet cached
-        for s in out.scheduled:
-            pending_hashes.update(self._uncomputed_hashes(s.request))
+        if self.waiting and budget > 0 and not out.preempted:  # only admission needs them
+            for s in out.scheduled:
+                pending_hashes.update(self._uncomputed_hashes(s.request))
         skipped: list[Request] = []
         while self.waiting and budget > 0 and not out.preempted:
             if len(self.running) >= self.max_num_seqs:
