@@ -6,36 +6,34 @@
 namespace roseinfer {
 
 #ifdef ROSEINFER_AVX2
-// y[m, n] = x[m, :] . w[n, :] (+ b[n]) for MM input rows and R output rows at a time:
-// fp32 products, fp32 accumulation (two partial sums per pair, then one reduction).
-template <int MM, int R>
-static inline void gemv_rows(const float* x, const float* w, const float* b, float* y,
-                             int64_t n0, int64_t K, int64_t N) {
-  __m256 acc[MM][R][2];
+// y[m, n] = x[m, :] . w[n, :] (+ b[n]) for MM input rows and one weight row: fp32
+// products, four fp32 partial sums per input row, one reduction at the end.  One weight
+// row at a time keeps a single sequential stream per thread, which the hardware
+// prefetcher follows best (measured: 32 GB/s vs 23 GB/s for 4 interleaved rows).
+template <int MM>
+static inline void gemv_row(const float* x, const float* w, const float* b, float* y,
+                            int64_t n, int64_t K, int64_t N) {
+  __m256 acc[MM][4];
   for (int m = 0; m < MM; ++m)
-    for (int r = 0; r < R; ++r) acc[m][r][0] = acc[m][r][1] = _mm256_setzero_ps();
+    for (int h = 0; h < 4; ++h) acc[m][h] = _mm256_setzero_ps();
+  const float* wr = w + n * K;
   int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
-    for (int h = 0; h < 2; ++h) {
-      __m256 wv[R];
-      for (int r = 0; r < R; ++r) wv[r] = _mm256_loadu_ps(w + (n0 + r) * K + k + 8 * h);
-      for (int m = 0; m < MM; ++m) {
-        const __m256 xv = _mm256_loadu_ps(x + m * K + k + 8 * h);
-        for (int r = 0; r < R; ++r) acc[m][r][h] = _mm256_fmadd_ps(xv, wv[r], acc[m][r][h]);
-      }
-    }
+  for (; k + 32 <= K; k += 32) {
+    __m256 wv[4];
+    for (int h = 0; h < 4; ++h) wv[h] = _mm256_loadu_ps(wr + k + 8 * h);
+    for (int m = 0; m < MM; ++m)
+      for (int h = 0; h < 4; ++h)
+        acc[m][h] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * K + k + 8 * h), wv[h], acc[m][h]);
   }
   for (; k < K; k += 8) {
-    for (int m = 0; m < MM; ++m) {
-      const __m256 xv = _mm256_loadu_ps(x + m * K + k);
-      for (int r = 0; r < R; ++r)
-        acc[m][r][0] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w + (n0 + r) * K + k), acc[m][r][0]);
-    }
+    const __m256 wv = _mm256_loadu_ps(wr + k);
+    for (int m = 0; m < MM; ++m)
+      acc[m][0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * K + k), wv, acc[m][0]);
   }
   for (int m = 0; m < MM; ++m)
-    for (int r = 0; r < R; ++r)
-      y[m * N + n0 + r] =
-          hsum8(_mm256_add_ps(acc[m][r][0], acc[m][r][1])) + (b ? b[n0 + r] : 0.f);
+    y[m * N + n] = hsum8(_mm256_add_ps(_mm256_add_ps(acc[m][0], acc[m][1]),
+                                       _mm256_add_ps(acc[m][2], acc[m][3]))) +
+                   (b ? b[n] : 0.f);
 }
 
 // Small-batch fp32 GEMM (M <= 4, K % 8 == 0): memory-bound, so stream W once with the
@@ -43,11 +41,9 @@ static inline void gemv_rows(const float* x, const float* w, const float* b, flo
 template <int MM>
 static void gemv_fp32(const float* x, const float* w, const float* b, float* y, int64_t K,
                       int64_t N) {
-  constexpr int R = MM <= 2 ? 4 : 2;
-  at::parallel_for(0, N / R, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t i = r0; i < r1; ++i) gemv_rows<MM, R>(x, w, b, y, i * R, K, N);
+  at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) gemv_row<MM>(x, w, b, y, n, K, N);
   });
-  for (int64_t n = N / R * R; n < N; ++n) gemv_rows<MM, 1>(x, w, b, y, n, K, N);
 }
 #endif
 
