@@ -103,9 +103,10 @@ class BlockManager:
         """Block ids of the longest cached prefix of ``request`` (not yet referenced).
 
         At least one token is always left to compute, so the last position has
-        logits: a full hit is cut back by one block.
+        logits: a full hit is cut back by one block.  A request that asks for prompt
+        logprobs gets no hits: every prompt position needs its logits computed.
         """
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or request.params.prompt_logprobs is not None:
             return []
         self.update_block_hashes(request)
         bs = self.block_size

@@ -83,6 +83,25 @@ def test_second_request_computes_only_new_tokens(hf_model) -> None:
     assert engine.get_stats().prefix_cache_hits == cached
 
 
+def test_prompt_logprobs_are_complete_on_a_warm_cache(hf_model) -> None:
+    """A request asking for prompt logprobs skips cache hits: every position is scored."""
+    engine = engine_from_hf(hf_model, block_size=BS)
+    rng = random.Random(5)
+    prompt = [rng.randrange(3, 256) for _ in range(5 * BS + 2)]
+    llm = LLM.from_engine(engine)
+    llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=2))  # warms the cache
+    params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
+    warm = llm.generate([prompt], params)[0]
+    cold = LLM.from_engine(engine_from_hf(hf_model, block_size=BS,
+                                          enable_prefix_caching=False)).generate([prompt], params)[0]
+    assert warm.num_cached_tokens == 0
+    assert len(warm.prompt_logprobs) == len(prompt)
+    for w, c, tok in zip(warm.prompt_logprobs[1:], cold.prompt_logprobs[1:], prompt[1:],
+                         strict=True):
+        assert w[tok].logprob == pytest.approx(c[tok].logprob, abs=1e-5)
+    check_blocks(engine)
+
+
 def test_eviction_is_lru_and_spares_blocks_in_use(hf_model) -> None:
     engine = engine_from_hf(hf_model, block_size=BS, num_kv_blocks=16)
     bm = engine.block_manager
