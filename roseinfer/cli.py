@@ -18,6 +18,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--quantization", default="auto", choices=["auto", "none", "fp16"],
                    help="weight format: none (exact fp32), fp16 (fp16 weights, fp32 math); "
                         "auto = fp16 on CPU, none elsewhere")
+    g.add_argument("--kv-cache-dtype", default="auto",
+                   choices=["auto", "float32", "bfloat16", "float16"],
+                   help="KV cache element type; auto = float16 with fp16 weights, else --dtype")
     g.add_argument("--block-size", type=int, default=16)
     g.add_argument("--kv-cache-memory-gb", type=float, default=1.0)
     g.add_argument("--num-kv-blocks", type=int, default=None)
@@ -35,7 +38,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=args.model, dtype=args.dtype, device=args.device, quantization=args.quantization,
-        block_size=args.block_size, kv_cache_memory_gb=args.kv_cache_memory_gb,
+        kv_cache_dtype=args.kv_cache_dtype, block_size=args.block_size, kv_cache_memory_gb=args.kv_cache_memory_gb,
         num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         enable_prefix_caching=args.enable_prefix_caching, num_threads=args.num_threads,

@@ -18,6 +18,10 @@ class EngineConfig:
     # (the default): fp16 for float32 models on CPU — 4-5x faster decode with perplexity
     # within 0.01% of fp32 (see README, Performance) — and "none" everywhere else.
     quantization: str | None = "auto"
+    # KV cache element type: "auto" (the default) = float16 when the weights are fp16 on
+    # CPU (half the attention bytes; llama.cpp's default too), else the model dtype; or
+    # one of float32 / bfloat16 / float16 explicitly.
+    kv_cache_dtype: str = "auto"
     block_size: int = 16  # tokens per KV block
     kv_cache_memory_gb: float = 1.0  # KV pool budget (ignored when num_kv_blocks is set)
     num_kv_blocks: int | None = None  # explicit KV pool size in blocks
@@ -35,6 +39,11 @@ class EngineConfig:
         if quant is not None and quant not in _QUANTIZATIONS:
             raise ValueError(
                 f"EngineConfig.quantization must be None or one of {_QUANTIZATIONS}, got {quant!r}"
+            )
+        if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in _DTYPES:
+            raise ValueError(
+                f"EngineConfig.kv_cache_dtype must be 'auto' or one of {_DTYPES}, "
+                f"got {self.kv_cache_dtype!r}"
             )
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
@@ -60,6 +69,12 @@ class EngineConfig:
         if self.quantization == "auto":
             return "fp16" if device_type == "cpu" and self.dtype == "float32" else "none"
         return self.quantization
+
+    def resolved_kv_cache_dtype(self, device_type: str) -> str:
+        """The KV cache element type actually used on a device of this type."""
+        if self.kv_cache_dtype != "auto":
+            return self.kv_cache_dtype
+        return "float16" if self.resolved_quantization(device_type) == "fp16" else self.dtype
 
     def resolved_num_threads(self) -> int:
         if self.num_threads is not None:

@@ -81,6 +81,7 @@ class LLMEngine:
             from roseinfer.model.quantize import quantize_model
 
             quantize_model(model, self.quantization)
+        self.kv_dtype = _TORCH_DTYPES[config.resolved_kv_cache_dtype(self.device.type)]
         self.model_config = model_config
         self.tokenizer = tokenizer
 
@@ -88,7 +89,7 @@ class LLMEngine:
         if config.num_kv_blocks is not None:
             num_blocks = config.num_kv_blocks
         else:
-            per_block = kv_bytes_per_block(model_config, block_size, self.dtype)
+            per_block = kv_bytes_per_block(model_config, block_size, self.kv_dtype)
             num_blocks = max(1, int(config.kv_cache_memory_gb * (1 << 30)) // per_block)
         capacity = num_blocks * block_size
         self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
@@ -96,7 +97,8 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
                                    config.max_num_batched_tokens, self.max_model_len)
-        self.runner = ModelRunner(model, model_config, num_blocks, block_size, self.dtype, self.device)
+        self.runner = ModelRunner(model, model_config, num_blocks, block_size, self.kv_dtype,
+                                  self.device)
         unseeded_rng = torch.Generator(device=self.device)
         unseeded_rng.manual_seed(config.seed)
         self.sampler = Sampler(unseeded_rng)  # RNG of requests without their own seed

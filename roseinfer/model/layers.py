@@ -154,7 +154,9 @@ def write_kv_cache(kv_cache: Tensor, slot_mapping: Tensor, k: Tensor, v: Tensor)
 
 def _use_decode_kernel(q: Tensor, kv_cache: Tensor) -> bool:
     """True when the C++ paged decode-attention kernel can serve this call."""
-    if q.device.type != "cpu" or q.dtype != torch.float32 or kv_cache.dtype != torch.float32:
+    if q.device.type != "cpu" or q.dtype != torch.float32:
+        return False
+    if kv_cache.dtype not in (torch.float32, torch.float16):
         return False
     from roseinfer.kernels import cpu_kernels_available
 

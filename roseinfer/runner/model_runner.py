@@ -37,19 +37,19 @@ class ModelRunner:
         config: ModelConfig,
         num_blocks: int,
         block_size: int,
-        dtype: torch.dtype,
+        kv_dtype: torch.dtype,
         device: torch.device,
     ) -> None:
         self.model = model
         self.config = config
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.dtype = dtype
+        self.kv_dtype = kv_dtype
         self.device = device
         num_slots = num_blocks * block_size
         # One tensor per layer: [2 (K, V), slots, kv_heads, head_dim].
         self.kv_caches = [
-            torch.zeros(2, num_slots, config.num_kv_heads, config.head_dim, dtype=dtype, device=device)
+            torch.zeros(2, num_slots, config.num_kv_heads, config.head_dim, dtype=kv_dtype, device=device)
             for _ in range(config.num_layers)
         ]
 

@@ -17,20 +17,22 @@ pytestmark = pytest.mark.skipif(not cpu_kernels_available(), reason="CPU kernels
 
 
 @pytest.mark.parametrize("head_dim", [64, 32, 128])
-def test_paged_decode_attention_matches_sdpa(head_dim: int) -> None:
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16])
+def test_paged_decode_attention_matches_sdpa(head_dim: int, cache_dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(0)
     d, h, hkv, bs = 5, 6, 2, 4
     lens = torch.tensor([1, 3, 4, 9, 17], dtype=torch.int32)
     width = 5
     num_blocks = d * width
-    cache = torch.randn(2, num_blocks * bs, hkv, head_dim, generator=gen)
+    cache = torch.randn(2, num_blocks * bs, hkv, head_dim, generator=gen).to(cache_dtype)
     tables = torch.randperm(num_blocks, generator=gen).view(d, width).to(torch.int32)
     q = torch.randn(d, h, head_dim, generator=gen)
     got = torch.ops.roseinfer.paged_decode_attention(q, cache, tables, lens, bs, head_dim**-0.5)
     for i in range(d):
         pos = torch.arange(int(lens[i]))
         slots = tables[i].long()[pos // bs] * bs + pos % bs
-        k, v = cache[0][slots].transpose(0, 1), cache[1][slots].transpose(0, 1)  # [Hkv, L, Dh]
+        k = cache[0][slots].float().transpose(0, 1)  # [Hkv, L, Dh]
+        v = cache[1][slots].float().transpose(0, 1)
         qi = q[i].view(hkv, h // hkv, head_dim)
         want = F.scaled_dot_product_attention(qi, k, v, scale=head_dim**-0.5).reshape(h, head_dim)
         torch.testing.assert_close(got[i], want, rtol=1e-5, atol=1e-5)
@@ -65,12 +67,14 @@ def _tiny_llama(bias: bool) -> torch.nn.Module:
 
 @pytest.mark.parametrize("quantization", ["none", "fp16"])
 @pytest.mark.parametrize("bias", [False, True])
-def test_decode_stack_matches_pytorch_path(quantization: str, bias: bool) -> None:
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16])
+def test_decode_stack_matches_pytorch_path(quantization: str, bias: bool,
+                                           cache_dtype: torch.dtype) -> None:
     model = quantize_model(_tiny_llama(bias), quantization)
     cfg, bs = model.config, 4
     gen = torch.Generator().manual_seed(2)
     lens = [5, 1, 11]  # context already cached per sequence
-    caches = [torch.randn(2, 64 * bs, cfg.num_kv_heads, cfg.head_dim, generator=gen)
+    caches = [torch.randn(2, 64 * bs, cfg.num_kv_heads, cfg.head_dim, generator=gen).to(cache_dtype)
               for _ in range(cfg.num_layers)]
     tables = [[3, 9, 1], [7], [0, 2, 5, 11]]
     specs = [SeqSpec(n, 1, t) for n, t in zip(lens, tables, strict=True)]
@@ -83,5 +87,6 @@ def test_decode_stack_matches_pytorch_path(quantization: str, bias: bool) -> Non
         model._stack, model._stack_state = None, "disabled"
         slow = model(ids, meta.positions, caches, meta)
     torch.testing.assert_close(fast, slow, rtol=1e-4, atol=1e-4)
-    for a, b in zip(fast_caches, caches, strict=True):
+    for a, b in zip(fast_caches, caches, strict=True):  # both round new K/V the same way
+        assert a.dtype == cache_dtype
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

@@ -1,9 +1,16 @@
-// Paged decode attention (see attention.h), AVX2/FMA with a scalar fallback.
+// Paged decode attention (see attention.h) over an fp32 or fp16 cache, AVX2/FMA with a
+// scalar fallback.
 #include "attention.h"
 
 namespace roseinfer {
 
 #ifdef ROSEINFER_AVX2
+// 8 cache elements as fp32 (an fp16 cache is widened with F16C).
+static inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+static inline __m256 load8(const at::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
 // sum_i a[i] * b[i] for n a multiple of 8.
 static inline float dot(const float* a, const float* b, int64_t n) {
   __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
@@ -48,23 +55,24 @@ static inline void softmax_row(float* sg, int64_t L) {
 
 // One (sequence, KV head) work item with the head dim known at compile time, so the
 // query-dot and the output accumulators stay in registers.
-template <int DH>
-static void attend_item(const float* qd, const float* kc, const float* vc, const int32_t* table,
+template <int DH, typename KV>
+static void attend_item(const float* qd, const KV* kc, const KV* vc, const int32_t* table,
                         int64_t L, int64_t G, int64_t row, int64_t bs, int64_t kh, float scale,
                         float* scores, float* od) {
   constexpr int NV = DH / 8;
   for (int64_t t0 = 0; t0 < L; t0 += bs) {
-    const float* kb = kc + ((int64_t)table[t0 / bs] * bs) * row + kh * DH;
+    const KV* kb = kc + ((int64_t)table[t0 / bs] * bs) * row + kh * DH;
     const int64_t n = std::min(bs, L - t0);
     for (int64_t j = 0; j < n; ++j) {
-      const float* k = kb + j * row;
+      const KV* k = kb + j * row;
+      __m256 kv[NV];
+      for (int v = 0; v < NV; ++v) kv[v] = load8(k + 8 * v);
       for (int64_t g = 0; g < G; ++g) {
         const float* qg = qd + g * DH;
         __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
         for (int v = 0; v < NV; v += 2) {
-          a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 8 * v), _mm256_loadu_ps(k + 8 * v), a0);
-          if (v + 1 < NV)
-            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 8 * v + 8), _mm256_loadu_ps(k + 8 * v + 8), a1);
+          a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 8 * v), kv[v], a0);
+          if (v + 1 < NV) a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 8 * v + 8), kv[v + 1], a1);
         }
         scores[g * L + t0 + j] = hsum8(_mm256_add_ps(a0, a1)) * scale;
       }
@@ -76,12 +84,12 @@ static void attend_item(const float* qd, const float* kc, const float* vc, const
     for (int v = 0; v < NV; ++v) acc[v] = _mm256_setzero_ps();
     const float* sg = scores + g * L;
     for (int64_t t0 = 0; t0 < L; t0 += bs) {
-      const float* vb = vc + ((int64_t)table[t0 / bs] * bs) * row + kh * DH;
+      const KV* vb = vc + ((int64_t)table[t0 / bs] * bs) * row + kh * DH;
       const int64_t n = std::min(bs, L - t0);
       for (int64_t j = 0; j < n; ++j) {
         const __m256 p = _mm256_set1_ps(sg[t0 + j]);
-        const float* v = vb + j * row;
-        for (int u = 0; u < NV; ++u) acc[u] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * u), acc[u]);
+        const KV* v = vb + j * row;
+        for (int u = 0; u < NV; ++u) acc[u] = _mm256_fmadd_ps(p, load8(v + 8 * u), acc[u]);
       }
     }
     for (int v = 0; v < NV; ++v) _mm256_storeu_ps(od + g * DH + 8 * v, acc[v]);
@@ -106,18 +114,26 @@ static inline float dot_any(const float* a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
   return s;
 }
+static inline float dot_any(const float* a, const at::Half* b, int64_t n) {
+  float s = 0.f;
+  for (int64_t i = 0; i < n; ++i) s += a[i] * static_cast<float>(b[i]);
+  return s;
+}
 static inline void axpy_any(float* acc, float p, const float* v, int64_t n) {
   if (kVecDot && n % 8 == 0) return axpy(acc, p, v, n);
   for (int64_t i = 0; i < n; ++i) acc[i] += p * v[i];
+}
+static inline void axpy_any(float* acc, float p, const at::Half* v, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) acc[i] += p * static_cast<float>(v[i]);
 }
 
 // One query token per sequence attends to its whole context in the paged cache.
 // Work item = (sequence, KV head): each K/V row is read once for the G query heads
 // that share it.  q [D, H, Dh]; out [D, H, Dh].
-void decode_attention(const float* q, const float* kc, const float* vc,
-                             const int32_t* bt, int64_t bt_stride, const int32_t* lens,
-                             int64_t D, int64_t H, int64_t Hkv, int64_t Dh, int64_t bs,
-                             float scale, float* out) {
+template <typename KV>
+void decode_attention(const float* q, const KV* kc, const KV* vc, const int32_t* bt,
+                      int64_t bt_stride, const int32_t* lens, int64_t D, int64_t H, int64_t Hkv,
+                      int64_t Dh, int64_t bs, float scale, float* out) {
   const int64_t G = H / Hkv;
   const int64_t row = Hkv * Dh;  // floats between consecutive slots
   at::parallel_for(0, D * Hkv, 1, [&](int64_t b0, int64_t e0) {
@@ -140,10 +156,10 @@ void decode_attention(const float* q, const float* kc, const float* vc,
       }
 #endif
       for (int64_t t0 = 0; t0 < L; t0 += bs) {  // one KV block at a time
-        const float* kb = kc + ((int64_t)table[t0 / bs] * bs * Hkv + kh) * Dh;
+        const KV* kb = kc + ((int64_t)table[t0 / bs] * bs * Hkv + kh) * Dh;
         const int64_t n = std::min(bs, L - t0);
         for (int64_t j = 0; j < n; ++j) {
-          const float* k = kb + j * row;
+          const KV* k = kb + j * row;
           for (int64_t g = 0; g < G; ++g)
             scores[g * L + t0 + j] = dot_any(qd + g * Dh, k, Dh) * scale;
         }
@@ -162,7 +178,7 @@ void decode_attention(const float* q, const float* kc, const float* vc,
       }
       std::fill(od, od + G * Dh, 0.f);
       for (int64_t t0 = 0; t0 < L; t0 += bs) {
-        const float* vb = vc + ((int64_t)table[t0 / bs] * bs * Hkv + kh) * Dh;
+        const KV* vb = vc + ((int64_t)table[t0 / bs] * bs * Hkv + kh) * Dh;
         const int64_t n = std::min(bs, L - t0);
         for (int64_t g = 0; g < G; ++g) {
           const float* sg = scores.data() + g * L + t0;
@@ -173,11 +189,18 @@ void decode_attention(const float* q, const float* kc, const float* vc,
   });
 }
 
+template void decode_attention<float>(const float*, const float*, const float*, const int32_t*,
+                                      int64_t, const int32_t*, int64_t, int64_t, int64_t,
+                                      int64_t, int64_t, float, float*);
+template void decode_attention<at::Half>(const float*, const at::Half*, const at::Half*,
+                                         const int32_t*, int64_t, const int32_t*, int64_t,
+                                         int64_t, int64_t, int64_t, int64_t, float, float*);
+
 void check_decode_args(const at::Tensor& kv_cache, const at::Tensor& block_tables,
                               const at::Tensor& context_lens) {
   TORCH_CHECK(kv_cache.dim() == 4 && kv_cache.size(0) == 2 && kv_cache.is_contiguous() &&
-                  kv_cache.scalar_type() == at::kFloat,
-              "kv_cache must be contiguous float32 [2, slots, Hkv, Dh]");
+                  (kv_cache.scalar_type() == at::kFloat || kv_cache.scalar_type() == at::kHalf),
+              "kv_cache must be contiguous float32 or float16 [2, slots, Hkv, Dh]");
   TORCH_CHECK(block_tables.scalar_type() == at::kInt && block_tables.dim() == 2 &&
                   block_tables.stride(1) == 1,
               "block_tables must be int32 [D, W] with unit column stride");
@@ -194,10 +217,19 @@ at::Tensor paged_decode_attention(at::Tensor q, at::Tensor kv_cache, at::Tensor 
   const int64_t S = kv_cache.size(1), Hkv = kv_cache.size(2);
   TORCH_CHECK(kv_cache.size(3) == Dh && H % Hkv == 0, "head shapes do not match the cache");
   auto out = at::empty_like(qc);
-  const float* kc = kv_cache.data_ptr<float>();
-  decode_attention(qc.data_ptr<float>(), kc, kc + S * Hkv * Dh, block_tables.data_ptr<int32_t>(),
-                   block_tables.stride(0), context_lens.data_ptr<int32_t>(), D, H, Hkv, Dh,
-                   block_size, (float)scale, out.data_ptr<float>());
+  if (kv_cache.scalar_type() == at::kHalf) {
+    const at::Half* kc = kv_cache.data_ptr<at::Half>();
+    decode_attention(qc.data_ptr<float>(), kc, kc + S * Hkv * Dh,
+                     block_tables.data_ptr<int32_t>(), block_tables.stride(0),
+                     context_lens.data_ptr<int32_t>(), D, H, Hkv, Dh, block_size,
+                     (float)scale, out.data_ptr<float>());
+  } else {
+    const float* kc = kv_cache.data_ptr<float>();
+    decode_attention(qc.data_ptr<float>(), kc, kc + S * Hkv * Dh,
+                     block_tables.data_ptr<int32_t>(), block_tables.stride(0),
+                     context_lens.data_ptr<int32_t>(), D, H, Hkv, Dh, block_size,
+                     (float)scale, out.data_ptr<float>());
+  }
   return out;
 }
 

@@ -6,8 +6,10 @@
 
 namespace roseinfer {
 
-// q [D, H, Dh]; out [D, H, Dh]; kc / vc: the K and V halves of one layer's cache.
-void decode_attention(const float* q, const float* kc, const float* vc, const int32_t* bt,
+// q [D, H, Dh]; out [D, H, Dh]; kc / vc: the K and V halves of one layer's cache, whose
+// elements are float or at::Half (instantiated for both).
+template <typename KV>
+void decode_attention(const float* q, const KV* kc, const KV* vc, const int32_t* bt,
                       int64_t bt_stride, const int32_t* lens, int64_t D, int64_t H, int64_t Hkv,
                       int64_t Dh, int64_t bs, float scale, float* out);
 

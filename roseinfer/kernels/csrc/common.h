@@ -1,7 +1,7 @@
 // Shared includes and AVX2/FMA helpers for the roseinfer CPU kernels.
 // Layouts follow docs/CONTRACTS.md: kv_cache [2, slots, Hkv, Dh] float32; slot of
 // position p = block_table[p / block_size] * block_size + p % block_size.
-// Everything here is float32 on CPU; the Python side falls back to PyTorch otherwise.
+// Activations are float32 on CPU (the KV cache may be float16); the Python side falls back to PyTorch otherwise.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define ROSEINFER_AVX2 1
 #include <immintrin.h>
 #endif

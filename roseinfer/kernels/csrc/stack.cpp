@@ -75,6 +75,39 @@ static void rotate(float* x, int64_t heads, int64_t Dh, const float* cs) {
   }
 }
 
+// Copy n floats into a cache row (float: as is; fp16: rounded to nearest).
+static inline void store_row(float* dst, const float* src, int64_t n) {
+  std::copy(src, src + n, dst);
+}
+static inline void store_row(at::Half* dst, const float* src, int64_t n) {
+  int64_t i = 0;
+#ifdef ROSEINFER_AVX2
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+  for (; i < n; ++i) dst[i] = static_cast<at::Half>(src[i]);
+}
+
+// Rotary on q and k of every row, K/V into their cache slots, q gathered to [B, H, Dh].
+template <typename KV>
+static void rope_and_store(float* qkv, int64_t B, int64_t H, int64_t Hkv, int64_t Dh,
+                           const int64_t* pos, const int64_t* slots, const float* cos_sin,
+                           float* q_out, KV* kc, KV* vc) {
+  const int64_t q_size = H * Dh, kv_size = Hkv * Dh, qkv_size = q_size + 2 * kv_size;
+  at::parallel_for(0, B, 16, [&](int64_t b0, int64_t e0) {
+    for (int64_t b = b0; b < e0; ++b) {
+      float* row = qkv + b * qkv_size;
+      const float* c = cos_sin + pos[b] * Dh;
+      rotate(row, H, Dh, c);
+      rotate(row + q_size, Hkv, Dh, c);
+      std::copy(row, row + q_size, q_out + b * q_size);
+      store_row(kc + slots[b] * kv_size, row + q_size, kv_size);
+      store_row(vc + slots[b] * kv_size, row + q_size + kv_size, kv_size);
+    }
+  });
+}
+
 at::Tensor LlamaStack::forward(at::Tensor h_in, at::Tensor positions, at::Tensor cos_sin,
                                std::vector<at::Tensor> kv_caches, at::Tensor block_tables,
                                at::Tensor context_lens, at::Tensor slot_mapping,
@@ -118,25 +151,23 @@ at::Tensor LlamaStack::forward(at::Tensor h_in, at::Tensor positions, at::Tensor
     qkv[l]->run(x, qkv_buf);
     lap(0);
     const at::Tensor& cache = kv_caches[l];
-    float* kc = cache.data_ptr<float>();
-    float* vc = kc + cache.size(1) * kv_size;
-    // Rotary, K/V into their slots, and q gathered to [B, H, Dh] for the attention.
+    const int64_t half_off = cache.size(1) * kv_size;  // V half starts here
     float* qg = qbuf.data_ptr<float>();
-    at::parallel_for(0, B, 16, [&](int64_t b0, int64_t e0) {
-      for (int64_t b = b0; b < e0; ++b) {
-        float* row = qp + b * qkv_size;
-        const float* c = csp + pp[b] * Dh;
-        rotate(row, H, Dh, c);
-        rotate(row + q_size, Hkv, Dh, c);
-        std::copy(row, row + q_size, qg + b * q_size);
-        std::copy(row + q_size, row + q_size + kv_size, kc + sp[b] * kv_size);
-        std::copy(row + q_size + kv_size, row + qkv_size, vc + sp[b] * kv_size);
-      }
-    });
-    lap(2);
-    decode_attention(qg, kc, vc, block_tables.data_ptr<int32_t>(),
-                     block_tables.stride(0), context_lens.data_ptr<int32_t>(), B, H, Hkv, Dh,
-                     block_size, scale, attn.data_ptr<float>());
+    const int32_t* bt = block_tables.data_ptr<int32_t>();
+    const int32_t* lens = context_lens.data_ptr<int32_t>();
+    if (cache.scalar_type() == at::kHalf) {
+      at::Half* kc = cache.data_ptr<at::Half>();
+      rope_and_store(qp, B, H, Hkv, Dh, pp, sp, csp, qg, kc, kc + half_off);
+      lap(2);
+      decode_attention(qg, kc, kc + half_off, bt, block_tables.stride(0), lens, B, H, Hkv, Dh,
+                       block_size, scale, attn.data_ptr<float>());
+    } else {
+      float* kc = cache.data_ptr<float>();
+      rope_and_store(qp, B, H, Hkv, Dh, pp, sp, csp, qg, kc, kc + half_off);
+      lap(2);
+      decode_attention(qg, kc, kc + half_off, bt, block_tables.stride(0), lens, B, H, Hkv, Dh,
+                       block_size, scale, attn.data_ptr<float>());
+    }
     lap(1);
     o[l]->run(attn, tmp);
     lap(0);
