@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from itertools import chain
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from roseinfer.sampling_params import SamplingParams
@@ -209,7 +210,7 @@ class Sampler:
         return SamplerOutput(token_ids, logprobs, top)
 
     def _sample(self, x: Tensor, batch: SamplingBatch) -> Tensor:
-        """Temperature, top-k/top-p/min-p, then the exponential race. x: [B, V]."""
+        """Temperature, top-k/top-p/min-p, then one inverse-CDF draw per row. x: [B, V]."""
         x = x / batch.temperature.unsqueeze(1)
         if batch.any_topk or batch.any_topp:
             x = apply_top_k_top_p(
@@ -220,8 +221,8 @@ class Sampler:
         if batch.any_minp:
             x = apply_min_p(x, batch.min_p)
         probs = torch.softmax(x, dim=-1)  # [B, V]
-        noise = exponential_noise(probs, batch.generators, batch.seeded_rows, self.generator)
-        return probs.div_(noise).argmax(dim=-1)
+        u = uniform_draws(probs, batch.generators, batch.seeded_rows, self.generator)  # [B]
+        return sample_inverse_cdf(probs, u)
 
 
 def apply_penalties(
@@ -273,27 +274,64 @@ def apply_min_p(logits: Tensor, min_p: Tensor) -> Tensor:
     return logits.masked_fill(probs < threshold, float("-inf"))
 
 
-def exponential_noise(
+def uniform_draws(
     probs: Tensor,
     generators: Sequence[torch.Generator | None],
     seeded_rows: Sequence[int],
     default_generator: torch.Generator | None = None,
 ) -> Tensor:
-    """Exponential(1) noise like probs [B, V] for the race argmax(probs / noise).
+    """One U[0, 1) draw per row of probs [B, V] -> [B] float64.
 
-    Unseeded rows share one draw from ``default_generator`` (torch's default RNG
-    when None); each row in
-    ``seeded_rows`` draws its own row from ``generators[row]``, so a seeded row's
-    noise depends only on its generator, never on the batch around it (greedy
-    rows are left out of ``seeded_rows`` and leave their generator untouched).
+    Unseeded rows share one draw of B values from ``default_generator`` (torch's
+    default RNG when None); each row in ``seeded_rows`` draws from
+    ``generators[row]``, so a seeded row's token depends only on its generator,
+    never on the batch around it (greedy rows are left out of ``seeded_rows`` and
+    leave their generator untouched).
     """
-    noise = torch.empty_like(probs)  # [B, V]
-    if len(seeded_rows) < probs.shape[0]:
-        noise.exponential_(generator=default_generator)
+    b = probs.shape[0]
+    u = torch.empty(b, dtype=torch.float64, device=probs.device)
+    if len(seeded_rows) < b:
+        u.uniform_(generator=default_generator)
     for i in seeded_rows:
-        noise[i].exponential_(generator=generators[i])
-    # exponential_ may return exactly 0; keep the division finite.
-    return noise.clamp_min_(torch.finfo(noise.dtype).tiny)
+        u[i : i + 1].uniform_(generator=generators[i])
+    return u
+
+
+def sample_inverse_cdf(probs: Tensor, u: Tensor, chunk: int = 1024) -> Tensor:
+    """Token per row whose CDF interval holds u: probs [B, V] (rows sum to ~1), u [B].
+
+    Picks the first index whose running sum exceeds u * total, in two levels: the
+    chunk (of ``chunk`` tokens) from the running sum of chunk sums, then the token
+    from the running sum inside that one chunk.  A full [B, V] cumsum is a serial
+    pass (~1 ns per element); this reads probs once with a vectorised sum.  A
+    zero-probability token (masked by top-k/top-p/min-p, or padding) has an empty
+    interval and is never picked, rounding included.  One uniform per row replaces
+    V exponential draws (~1 ms per row at V = 49k).
+    """
+    b, v = probs.shape
+    n = -(-v // chunk)
+    if n * chunk != v:
+        probs = F.pad(probs, (0, n * chunk - v))
+    blocks = probs.view(b, n, chunk)  # [B, n, C]
+    sums = blocks.sum(-1).double()  # [B, n]
+    cdf = sums.cumsum(-1)  # [B, n]
+    target = u * cdf[:, -1]  # [B], below the row total
+    k = torch.searchsorted(cdf, target.unsqueeze(1), right=True).squeeze(1)  # [B]
+    k = torch.minimum(k, _last_nonzero(sums))  # rounding at the very top
+    rows = torch.arange(b, device=probs.device)
+    before = torch.where(k > 0, cdf[rows, (k - 1).clamp(min=0)], 0.0)  # [B]
+    block = blocks[rows, k]  # [B, C]
+    inner = block.cumsum(-1, dtype=torch.float64)  # [B, C]
+    rest = (target - before).clamp(min=0.0).unsqueeze(1)  # [B, 1]
+    j = torch.searchsorted(inner, rest, right=True).squeeze(1)  # [B]
+    j = torch.minimum(j, _last_nonzero(block))  # rounding past the chunk's own sum
+    return k * chunk + j
+
+
+def _last_nonzero(x: Tensor) -> Tensor:
+    """Index of the last entry > 0 in each row of x [B, N] (0 for an all-zero row)."""
+    n = x.shape[1]
+    return (n - 1 - (x > 0).flip(-1).to(torch.uint8).argmax(-1)).clamp(min=0)
 
 
 def _token_counts(rows: Sequence[Sequence[int]], vocab_size: int, device: torch.device) -> Tensor:

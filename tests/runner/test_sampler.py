@@ -317,3 +317,31 @@ def test_rejects_wrong_logits_shape() -> None:
     batch = make_batch([SamplingParams()], 4)
     with pytest.raises(ValueError, match="logits shape"):
         Sampler()(torch.zeros(1, 5), batch)
+
+
+def test_inverse_cdf_never_picks_zero_probability_tokens() -> None:
+    from roseinfer.runner.sampler import sample_inverse_cdf
+
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0]] * 4)
+    u = torch.tensor([0.0, 0.4999, 0.5, 1.0 - 1e-12], dtype=torch.float64)
+    for chunk in (1024, 2, 3):
+        assert sample_inverse_cdf(probs, u, chunk=chunk).tolist() == [1, 1, 3, 3]
+    one_hot = torch.tensor([[0.0, 0.0, 1.0, 0.0, 0.0]])
+    for value in (0.0, 0.5, 1.0 - 1e-12, 1.0):  # u = 1.0 is out of range yet stays safe
+        u1 = torch.tensor([value], dtype=torch.float64)
+        for chunk in (1024, 2, 3):
+            assert sample_inverse_cdf(one_hot, u1, chunk=chunk).tolist() == [2]
+
+
+@pytest.mark.parametrize("chunk", [1024, 4, 3])
+def test_inverse_cdf_matches_probabilities(chunk: int) -> None:
+    from roseinfer.runner.sampler import sample_inverse_cdf
+
+    gen = torch.Generator().manual_seed(0)
+    probs = torch.tensor([[0.1, 0.0, 0.2, 0.0, 0.0, 0.3, 0.4, 0.0, 0.0, 0.0]])
+    draws = 20000
+    u = torch.rand(draws, dtype=torch.float64, generator=gen)
+    picks = sample_inverse_cdf(probs.expand(draws, -1).contiguous(), u, chunk=chunk)
+    freq = torch.bincount(picks, minlength=10).double() / draws
+    assert freq[probs[0] == 0].sum() == 0
+    torch.testing.assert_close(freq, probs[0].double(), atol=0.015, rtol=0)
