@@ -15,9 +15,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="HF directory, .gguf or .pt (default: bundled SmolLM2-135M-Instruct)")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     g.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
-    g.add_argument("--quantization", default="auto", choices=["auto", "none", "fp16"],
-                   help="weight format: none (exact fp32), fp16 (fp16 weights, fp32 math); "
-                        "auto = fp16 on CPU, none elsewhere")
+    g.add_argument("--quantization", default="auto",
+                   choices=["auto", "none", "fp16", "fp16+bf16"],
+                   help="weight format: none (exact fp32), fp16 (fp16 weights, fp32 math), "
+                        "fp16+bf16 (plus bf16 GEMMs for 32+ rows); auto = fp16+bf16 on CPUs "
+                        "with AVX512-BF16, fp16 on other CPUs, none elsewhere")
     g.add_argument("--kv-cache-dtype", default="auto",
                    choices=["auto", "float32", "bfloat16", "float16"],
                    help="KV cache element type; auto = float16 with fp16 weights, else --dtype")

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 
 _DTYPES = ("float32", "bfloat16", "float16")
-_QUANTIZATIONS = ("auto", "none", "fp16")
+_QUANTIZATIONS = ("auto", "none", "fp16", "fp16+bf16")
 
 
 @dataclass(frozen=True)
@@ -14,9 +14,12 @@ class EngineConfig:
     model: str | None = None  # HF dir, .gguf or .pt; None = bundled SmolLM2-135M-Instruct
     dtype: str = "float32"  # compute / KV-cache dtype
     device: str = "cpu"  # "cpu", "cuda", "cuda:0", or "auto"
-    # Weight format: "none" (exact fp32), "fp16" (fp16 weights, fp32 math), or "auto"
-    # (the default): fp16 for float32 models on CPU — 4-5x faster decode with perplexity
-    # within 0.01% of fp32 (see README, Performance) — and "none" everywhere else.
+    # Weight format: "none" (exact fp32), "fp16" (fp16 weights, fp32 math), "fp16+bf16"
+    # (fp16 as before for GEMMs under 32 rows, plus a bf16 copy for larger ones: prefill
+    # chunks and big decode batches run as bf16 GEMMs, 2x the rate on AVX512-BF16 CPUs),
+    # or "auto" (the default): for float32 models on CPU, fp16+bf16 where the CPU has
+    # AVX512-BF16 / AMX and fp16 elsewhere (4-5x faster decode than fp32, quality gate
+    # in README, Performance); "none" on other devices.
     quantization: str | None = "auto"
     # KV cache element type: "auto" (the default) = float16 when the weights are fp16 on
     # CPU (half the attention bytes; llama.cpp's default too), else the model dtype; or
@@ -67,14 +70,19 @@ class EngineConfig:
         if self.quantization in (None, "none"):
             return "none"
         if self.quantization == "auto":
-            return "fp16" if device_type == "cpu" and self.dtype == "float32" else "none"
+            if device_type != "cpu" or self.dtype != "float32":
+                return "none"
+            from roseinfer.model.quantize import cpu_has_bf16_gemm
+
+            return "fp16+bf16" if cpu_has_bf16_gemm() else "fp16"
         return self.quantization
 
     def resolved_kv_cache_dtype(self, device_type: str) -> str:
         """The KV cache element type actually used on a device of this type."""
         if self.kv_cache_dtype != "auto":
             return self.kv_cache_dtype
-        return "float16" if self.resolved_quantization(device_type) == "fp16" else self.dtype
+        fp16_weights = self.resolved_quantization(device_type).startswith("fp16")
+        return "float16" if fp16_weights else self.dtype
 
     def resolved_num_threads(self) -> int:
         if self.num_threads is not None:

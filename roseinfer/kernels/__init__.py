@@ -5,7 +5,8 @@ says whether it works; every caller falls back to plain PyTorch when it does not
 (no compiler, unsupported platform, or ``ROSEINFER_CPU_KERNELS=0``).  What it adds:
 
 * ``torch.classes.roseinfer.Linear``: fp16-weight GEMM (fbgemm) with the output
-  columns split over the intra-op threads, or the fp32 weight through MKL;
+  columns split over the intra-op threads, or the fp32 weight through MKL; optionally
+  a bf16 copy for large inputs (oneDNN's bf16 GEMM);
 * ``torch.ops.roseinfer.paged_decode_attention``: decode attention straight from
   the paged KV cache (no gather of every request's K/V);
 * ``torch.classes.roseinfer.LlamaStack``: all decoder layers of a decode step in one
@@ -53,7 +54,12 @@ def unavailable_reason() -> str | None:
     return _state.get("reason")  # type: ignore[return-value]
 
 
-def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, fp16: bool) -> object:
-    """A ``torch.classes.roseinfer.Linear`` over ``weight`` [N, K] (kernels must be loaded)."""
-    return torch.classes.roseinfer.Linear(weight.detach().float().contiguous(),
-                                          None if bias is None else bias.detach().float(), fp16)
+def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, fp16: bool,
+                bf16_min_rows: int = 0) -> object:
+    """A ``torch.classes.roseinfer.Linear`` over ``weight`` [N, K] (kernels must be loaded);
+    with ``bf16_min_rows`` > 0 it also keeps a bf16 copy for inputs of that many rows."""
+    linear = torch.classes.roseinfer.Linear(weight.detach().float().contiguous(),
+                                            None if bias is None else bias.detach().float(), fp16)
+    if bf16_min_rows > 0:
+        linear.set_bf16_weight(weight.detach().to(torch.bfloat16).contiguous(), bf16_min_rows)
+    return linear

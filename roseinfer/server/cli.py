@@ -130,11 +130,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     engine = LLMEngine(config)
     bm = engine.block_manager
     gib = bm.num_blocks * kv_bytes_per_block(engine.model_config, bm.block_size,
-                                             engine.dtype) / (1 << 30)
+                                             engine.kv_dtype) / (1 << 30)
     logger.info("model %s: %s, dtype %s, weights %s, on %s; KV pool %d blocks x %d tokens = %d tokens "
                 "(~%.2f GiB); max_model_len %d; prefix caching %s",
                 names[0], engine.model_config.architecture, config.dtype,
-                "fp16" if engine.quantization == "fp16" else "exact", engine.device,
+                "exact" if engine.quantization == "none" else engine.quantization, engine.device,
                 bm.num_blocks, bm.block_size, bm.num_blocks * bm.block_size, gib,
                 engine.max_model_len, "on" if config.enable_prefix_caching else "off")
     if args.warmup:

@@ -51,8 +51,16 @@ def test_config_quantization_choices() -> None:
         quantize_model(nn.Linear(2, 2), "int4")
     auto = EngineConfig()
     assert auto.quantization == "auto"
-    assert auto.resolved_quantization("cpu") == "fp16"
+    from roseinfer.model.quantize import cpu_has_bf16_gemm
+
+    assert auto.resolved_quantization("cpu") == ("fp16+bf16" if cpu_has_bf16_gemm() else "fp16")
+    assert auto.resolved_kv_cache_dtype("cpu") == "float16"
     assert auto.resolved_quantization("cuda") == "none"
+    assert auto.resolved_kv_cache_dtype("cuda") == "float32"
+    assert EngineConfig(quantization="fp16+bf16").resolved_quantization("cpu") == "fp16+bf16"
+    assert EngineConfig(kv_cache_dtype="float32").resolved_kv_cache_dtype("cpu") == "float32"
+    with pytest.raises(ValueError):
+        EngineConfig(kv_cache_dtype="int8")
     assert EngineConfig(dtype="bfloat16").resolved_quantization("cpu") == "none"
     assert EngineConfig(quantization="none").resolved_quantization("cpu") == "none"
 
@@ -70,7 +78,7 @@ def _prompt_stats(quantization: str) -> tuple[list[float], list[int]]:
     return logprobs, top1
 
 
-@pytest.mark.parametrize("quantization", ["fp16"])
+@pytest.mark.parametrize("quantization", ["fp16", "fp16+bf16"])
 def test_quality_gate_default_model(quantization: str) -> None:
     ref_lp, ref_top = _prompt_stats("none")
     lp, top = _prompt_stats(quantization)

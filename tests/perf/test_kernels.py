@@ -48,6 +48,19 @@ def test_linear_kernel_fp32_and_fp16() -> None:
                                rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("rows", [3, 8, 40])
+def test_linear_kernel_bf16_copy_for_large_inputs(rows: int) -> None:
+    torch.manual_seed(0)
+    w, b, x = torch.randn(40, 24), torch.randn(40), torch.randn(rows, 24)
+    lin = make_linear(w, b, fp16=True, bf16_min_rows=8)
+    got = lin.forward(x)
+    if rows >= 8:  # bf16 inputs, weights and output (oneDNN), fp32 accumulation
+        want = F.linear(x.bfloat16(), w.bfloat16()).float() + b
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    else:  # fp16 weights, fp32 math
+        torch.testing.assert_close(got, F.linear(x, w.half().float(), b), rtol=1e-5, atol=1e-5)
+
+
 def _tiny_llama(bias: bool) -> torch.nn.Module:
     cfg = transformers.LlamaConfig(
         vocab_size=97, hidden_size=64, intermediate_size=80, num_hidden_layers=3,

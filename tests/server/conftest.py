@@ -22,13 +22,18 @@ from tests.server.helpers import (
 
 @pytest.fixture(scope="session")
 def server_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """Starts `roseinfer serve` on the default model (health is awaited by `server`)."""
+    """Starts `roseinfer serve` on the default model (health is awaited by `server`).
+
+    Weights in plain fp16 (not the "fp16+bf16" that auto picks on AVX512-BF16 CPUs):
+    the tests compare streams served in a batch with the same prompts alone, which
+    holds exactly only when every batch size runs the same arithmetic.
+    """
     port = free_port()
     log = tmp_path_factory.mktemp("server") / "serve.log"
     cmd = [sys.executable, "-m", "roseinfer.cli", "serve", "--host", "127.0.0.1",
            "--port", str(port), "--served-model-name", MODEL_NAME, "other-alias",
            "--kv-cache-memory-gb", "0.25", "--max-num-batched-tokens", "512",
-           "--num-threads", "1", "--log-stats-interval", "1"]
+           "--num-threads", "1", "--log-stats-interval", "1", "--quantization", "fp16"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -58,6 +63,7 @@ def offline_llm(server_process: ServerProcess) -> Iterator:
 
     threads = torch.get_num_threads()
     try:
-        yield LLM(kv_cache_memory_gb=0.25, max_num_batched_tokens=512, num_threads=1)
+        yield LLM(kv_cache_memory_gb=0.25, max_num_batched_tokens=512, num_threads=1,
+                  quantization="fp16")
     finally:
         torch.set_num_threads(threads)

@@ -1,5 +1,6 @@
 // Registers the kernels as torch ops / classes under the "roseinfer" namespace:
 //   torch.classes.roseinfer.Linear(weight[N,K] f32, bias[N]|None, fp16: bool)
+//       .set_bf16_weight(weight[N,K] bf16, min_rows): bf16 GEMM for inputs of >= min_rows
 //   torch.classes.roseinfer.LlamaStack(hidden, heads, kv_heads, head_dim, inter, eps, final_norm)
 //   torch.ops.roseinfer.paged_decode_attention(q, kv_cache, block_tables, context_lens,
 //                                              block_size, scale)
@@ -14,6 +15,7 @@ TORCH_LIBRARY(roseinfer, m) {
   m.class_<roseinfer::Linear>("Linear")
       .def(torch::init<at::Tensor, std::optional<at::Tensor>, bool>())
       .def("forward", &roseinfer::Linear::forward)
+      .def("set_bf16_weight", &roseinfer::Linear::set_bf16_weight)
       .def("in_features", [](const c10::intrusive_ptr<roseinfer::Linear>& self) {
         return self->in_features;
       })

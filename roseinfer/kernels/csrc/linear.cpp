@@ -65,8 +65,22 @@ Linear::Linear(at::Tensor w, std::optional<at::Tensor> b, bool fp16) {
   }
 }
 
+void Linear::set_bf16_weight(at::Tensor w, int64_t min_rows) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kBFloat16 && w.size(0) == out_features &&
+                  w.size(1) == in_features,
+              "Linear.set_bf16_weight: expected a bf16 [out_features, in_features] tensor");
+  TORCH_CHECK(min_rows >= 1, "Linear.set_bf16_weight: min_rows must be >= 1");
+  weight_bf16 = w.contiguous();
+  bf16_min_rows = min_rows;
+}
+
 void Linear::run(const at::Tensor& x, at::Tensor& y) const {
   const int64_t m = x.size(0);
+  if (weight_bf16.defined() && m >= bf16_min_rows) {
+    y.copy_(at::linear(x.to(at::kBFloat16), weight_bf16));
+    if (bias.defined()) y.add_(bias);
+    return;
+  }
   if (packed) {
     const int nt = std::max<int>(1, at::get_num_threads());
     const float* xp = x.data_ptr<float>();

@@ -3,6 +3,8 @@
 //         over the intra-op threads (torch's own op runs on one).
 //   fp32: the weight tensor as given; M <= 4 rows through an AVX2/FMA GEMV threaded over
 //         the output rows (fp32 accumulation), larger M through at::mm (MKL).
+//   bf16 copy (optional, set_bf16_weight): inputs of >= bf16_min_rows rows run as a bf16
+//         GEMM with fp32 accumulation (oneDNN; AVX512-BF16 / AMX do twice the fp32 rate).
 #pragma once
 
 #include <fbgemm/FbgemmFP16.h>
@@ -22,8 +24,11 @@ struct Linear : torch::CustomClassHolder {
   int64_t in_features = 0;
   int64_t out_features = 0;
   bool use_gemv = true;  // fp32, M <= 4: the AVX2 GEMV instead of MKL (A/B switch)
+  at::Tensor weight_bf16;     // optional bf16 [N, K] for large inputs
+  int64_t bf16_min_rows = 0;  // 0 = never
 
   Linear(at::Tensor w, std::optional<at::Tensor> b, bool fp16);
+  void set_bf16_weight(at::Tensor w, int64_t min_rows);
   void run(const at::Tensor& x, at::Tensor& y) const;  // x [M,K] contiguous, y [M,N]
   at::Tensor forward(at::Tensor x);
 };
