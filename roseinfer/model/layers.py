@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,6 +19,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from roseinfer.model.attention_metadata import AttentionMetadata
+
+
+def row_kernels_usable(x: Tensor) -> bool:
+    """True when the C++ row kernels (``roseinfer.kernels``) can serve ops on x: a float32
+    CPU tensor and a loaded kernel library."""
+    if x.device.type != "cpu" or x.dtype != torch.float32:
+        return False
+    from roseinfer.kernels import cpu_kernels_available
+
+    return cpu_kernels_available()
 
 
 class RMSNorm(nn.Module):
@@ -29,6 +40,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:  # [T, hidden] -> [T, hidden]
+        if self.weight.dtype == torch.float32 and row_kernels_usable(x):
+            return torch.ops.roseinfer.rms_norm(x, self.weight, self.eps)  # one pass
         dtype = x.dtype
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)  # [T, hidden]
@@ -139,6 +152,32 @@ class RotaryEmbedding(nn.Module):
         return cos, sin
 
 
+@dataclass(slots=True)
+class RopeInputs:
+    """Rotary inputs of one forward: ``positions`` [T] and the ``[P, Dh]`` cos/sin cache,
+    plus ``cos``/``sin`` [T, 1, Dh] for the PyTorch path (None when the C++ row kernels
+    rotate q/k and write the KV cache in one pass: ``fused``)."""
+
+    positions: Tensor
+    cos_sin_cache: Tensor
+    cos: Tensor | None
+    sin: Tensor | None
+
+    @property
+    def fused(self) -> bool:
+        return self.cos is None
+
+
+def rope_inputs(rotary: RotaryEmbedding, positions: Tensor, sample: Tensor) -> RopeInputs:
+    """RopeInputs for this step: fused when the row kernels serve ``sample``'s dtype/device
+    and the cache is float32, else with cos/sin gathered for the PyTorch path."""
+    cache = rotary.cos_sin_cache
+    if cache.dtype == torch.float32 and row_kernels_usable(sample):
+        return RopeInputs(positions, cache, None, None)
+    cos, sin = rotary(positions)
+    return RopeInputs(positions, cache, cos, sin)
+
+
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """x * cos + rotate_half(x) * sin; x [T, heads, Dh], cos/sin [T, 1, Dh]."""
     half = x.shape[-1] // 2
@@ -170,15 +209,18 @@ def paged_attention(
     kv_cache: Tensor,
     meta: AttentionMetadata,
     scale: float,
+    kv_written: bool = False,
 ) -> Tensor:
     """Causal attention over a paged KV cache; returns [T, H, Dh].
 
     q [T, H, Dh], k/v [T, Hkv, Dh] are this step's new tokens; kv_cache is
-    [2, num_slots, Hkv, Dh].  The new K/V are written to the cache first; decode
-    sequences (tokens 0..D-1) then attend in one batched op, prefill sequences one
-    at a time with a causal mask offset by their cached prefix.
+    [2, num_slots, Hkv, Dh].  The new K/V are written to the cache first (unless the
+    caller did: ``kv_written``); decode sequences (tokens 0..D-1) then attend in one
+    batched op, prefill sequences one at a time with a causal mask offset by their
+    cached prefix.
     """
-    write_kv_cache(kv_cache, meta.slot_mapping, k, v)
+    if not kv_written:
+        write_kv_cache(kv_cache, meta.slot_mapping, k, v)
     _, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     group = num_heads // num_kv_heads
@@ -212,15 +254,17 @@ def paged_attention(
         else:
             kp = key_cache[p.context_slot_indices].to(q.dtype).transpose(0, 1)  # [Hkv, L, Dh]
             vp = value_cache[p.context_slot_indices].to(q.dtype).transpose(0, 1)  # [Hkv, L, Dh]
+        if group > 1:  # whole heads: SDPA's fused CPU kernel (3-5x its GQA path here)
+            kp = kp.repeat_interleave(group, dim=0)  # [H, L, Dh]
+            vp = vp.repeat_interleave(group, dim=0)  # [H, L, Dh]
         op = F.scaled_dot_product_attention(
-            qp,
-            kp,
-            vp,
+            qp[None],
+            kp[None],
+            vp[None],
             attn_mask=p.causal_mask,  # [n, L] bool or None
             is_causal=p.causal_mask is None,
             scale=scale,
-            enable_gqa=group > 1,
-        )  # [H, n, Dh]
+        )[0]  # [H, n, Dh]
         out[s:e] = op.transpose(0, 1)  # [n, H, Dh]
     return out
 

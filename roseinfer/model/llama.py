@@ -25,11 +25,14 @@ from roseinfer.model.attention_metadata import AttentionMetadata
 from roseinfer.model.config import ModelConfig
 from roseinfer.model.layers import (
     RMSNorm,
+    RopeInputs,
     RotaryEmbedding,
     WeightLoadTracker,
     apply_rotary,
     get_activation,
     paged_attention,
+    rope_inputs,
+    row_kernels_usable,
 )
 
 
@@ -51,16 +54,24 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=o_bias)
 
     def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, kv_cache: Tensor, meta: AttentionMetadata
+        self, x: Tensor, rope: RopeInputs, kv_cache: Tensor, meta: AttentionMetadata
     ) -> Tensor:  # x [T, hidden] -> [T, hidden]
         qkv = self.qkv_proj(x)  # [T, q_size + 2 * kv_size]
+        if rope.fused:  # rotary in place + K/V into the cache, one C++ pass
+            qkv = qkv.contiguous()
+            torch.ops.roseinfer.rope_and_cache_(
+                qkv, rope.positions, rope.cos_sin_cache, kv_cache, meta.slot_mapping,
+                self.num_heads, self.num_kv_heads,
+            )
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)  # [T, H, Dh]
         k = k.view(-1, self.num_kv_heads, self.head_dim)  # [T, Hkv, Dh]
         v = v.view(-1, self.num_kv_heads, self.head_dim)  # [T, Hkv, Dh]
-        q = apply_rotary(q, cos, sin)
-        k = apply_rotary(k, cos, sin)
-        out = paged_attention(q, k, v, kv_cache, meta, self.scale)  # [T, H, Dh]
+        if not rope.fused:
+            assert rope.cos is not None and rope.sin is not None
+            q = apply_rotary(q, rope.cos, rope.sin)
+            k = apply_rotary(k, rope.cos, rope.sin)
+        out = paged_attention(q, k, v, kv_cache, meta, self.scale, kv_written=rope.fused)
         return self.o_proj(out.reshape(-1, self.q_size))  # [T, hidden]
 
 
@@ -73,9 +84,13 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
         self.act = get_activation(config.hidden_act)
+        self.is_silu = config.hidden_act in ("silu", "swish")
 
     def forward(self, x: Tensor) -> Tensor:  # [T, hidden] -> [T, hidden]
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [T, I] each
+        gate_up = self.gate_up_proj(x)  # [T, 2I]
+        if self.is_silu and row_kernels_usable(gate_up):
+            return self.down_proj(torch.ops.roseinfer.silu_mul(gate_up))  # one pass
+        gate, up = gate_up.chunk(2, dim=-1)  # [T, I] each
         return self.down_proj(self.act(gate) * up)
 
 
@@ -90,9 +105,9 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(config)
 
     def forward(
-        self, h: Tensor, cos: Tensor, sin: Tensor, kv_cache: Tensor, meta: AttentionMetadata
+        self, h: Tensor, rope: RopeInputs, kv_cache: Tensor, meta: AttentionMetadata
     ) -> Tensor:  # [T, hidden] -> [T, hidden]
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, meta)
+        h = h + self.self_attn(self.input_layernorm(h), rope, kv_cache, meta)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -148,9 +163,9 @@ class LlamaForCausalLM(nn.Module):
                     meta.decode_block_tables, meta.decode_context_lens_i32, meta.slot_mapping,
                     meta.block_size,
                 )
-        cos, sin = self.model.rotary_emb(positions)  # [T, 1, Dh] each
+        rope = rope_inputs(self.model.rotary_emb, positions, h)
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
-            h = layer(h, cos, sin, kv_cache, meta)
+            h = layer(h, rope, kv_cache, meta)
         return self.model.norm(h)
 
     def _decode_stack(self, h: Tensor) -> object | None:

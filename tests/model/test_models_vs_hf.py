@@ -145,8 +145,13 @@ SCHEDULE = [
 ]
 
 
+@pytest.mark.parametrize("kernels", [True, False], ids=["cpu-kernels", "pytorch-only"])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_paged_forward_matches_hf(case: str) -> None:
+def test_paged_forward_matches_hf(case: str, kernels: bool, monkeypatch) -> None:
+    if not kernels:  # every caller asks roseinfer.kernels first: this forces the fallback
+        import roseinfer.kernels
+
+        monkeypatch.setattr(roseinfer.kernels, "cpu_kernels_available", lambda: False)
     hf = _hf_model(case)
     ours = _ours(hf)
     tokens = _tokens(hf.config.vocab_size, LENGTHS)

@@ -100,6 +100,8 @@ def test_decode_stack_matches_pytorch_path(quantization: str, bias: bool,
         model._stack, model._stack_state = None, "disabled"
         slow = model(ids, meta.positions, caches, meta)
     torch.testing.assert_close(fast, slow, rtol=1e-4, atol=1e-4)
-    for a, b in zip(fast_caches, caches, strict=True):  # both round new K/V the same way
+    # Same K/V up to fp32 GEMM rounding (GEMV vs MKL), which can flip one fp16 ulp.
+    tol = 1e-5 if cache_dtype == torch.float32 else 2e-3
+    for a, b in zip(fast_caches, caches, strict=True):
         assert a.dtype == cache_dtype
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)

@@ -4,11 +4,15 @@
 //   torch.classes.roseinfer.LlamaStack(hidden, heads, kv_heads, head_dim, inter, eps, final_norm)
 //   torch.ops.roseinfer.paged_decode_attention(q, kv_cache, block_tables, context_lens,
 //                                              block_size, scale)
+//   torch.ops.roseinfer.rms_norm(x, w, eps), .silu_mul(gate_up),
+//   torch.ops.roseinfer.rope_and_cache_(qkv, positions, cos_sin, kv_cache, slot_mapping,
+//                                       num_heads, num_kv_heads)   (in place)
 // Layouts follow docs/CONTRACTS.md: kv_cache [2, slots, Hkv, Dh] float32; slot of
 #include <torch/library.h>
 
 #include "attention.h"
 #include "linear.h"
+#include "rowops.h"
 #include "stack.h"
 
 TORCH_LIBRARY(roseinfer, m) {
@@ -33,4 +37,12 @@ TORCH_LIBRARY(roseinfer, m) {
       "paged_decode_attention(Tensor q, Tensor kv_cache, Tensor block_tables, "
       "Tensor context_lens, int block_size, float scale) -> Tensor");
   m.impl("paged_decode_attention", c10::DispatchKey::CPU, &roseinfer::paged_decode_attention);
+  m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
+  m.impl("rms_norm", c10::DispatchKey::CPU, &roseinfer::rms_norm_op);
+  m.def("silu_mul(Tensor gate_up) -> Tensor");
+  m.impl("silu_mul", c10::DispatchKey::CPU, &roseinfer::silu_mul_op);
+  m.def(
+      "rope_and_cache_(Tensor(a!) qkv, Tensor positions, Tensor cos_sin, Tensor(b!) kv_cache, "
+      "Tensor slot_mapping, int num_heads, int num_kv_heads) -> ()");
+  m.impl("rope_and_cache_", c10::DispatchKey::CPU, &roseinfer::rope_and_cache_op);
 }

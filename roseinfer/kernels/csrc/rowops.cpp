@@ -1,0 +1,176 @@
+// Row kernels (see rowops.h): norms, SiLU-mul, rotary + KV-cache writes.
+#include "rowops.h"
+
+namespace roseinfer {
+
+// y = w * (x * rsqrt(mean(x^2) + eps)), like transformers' LlamaRMSNorm in fp32.
+void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n,
+                     float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * n;
+    float* yr = y + r * n;
+    float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < n; ++i) ss += xr[i] * xr[i];
+    const float inv = 1.f / std::sqrt(ss / (float)n + eps);
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) yr[i] = w[i] * (xr[i] * inv);
+  }
+}
+
+// h += t, then y = rms_norm(h) * w; rows split over the threads.
+void add_rms_norm(float* h, const float* t, const float* w, float* y, int64_t rows,
+                         int64_t n, float eps) {
+  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      float* hr = h + r * n;
+      const float* tr = t + r * n;
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) hr[i] += tr[i];
+    }
+    rms_norm(h + r0 * n, w, y + r0 * n, r1 - r0, n, eps);
+  });
+}
+
+// a[b, i] = silu(gu[b, i]) * gu[b, inter + i]  (gu rows = [gate | up]).
+void silu_mul(const float* gu, float* a, int64_t B, int64_t inter) {
+  at::parallel_for(0, B, 8, [&](int64_t b0, int64_t e0) {
+    for (int64_t b = b0; b < e0; ++b) {
+      const float* gr = gu + b * 2 * inter;
+      const float* ur = gr + inter;
+      float* ar = a + b * inter;
+      int64_t i = 0;
+#ifdef ROSEINFER_AVX2
+      const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
+      for (; i + 8 <= inter; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gr + i);
+        const __m256 e = exp8(_mm256_sub_ps(zero, g));
+        _mm256_storeu_ps(ar + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)),
+                                               _mm256_loadu_ps(ur + i)));
+      }
+#endif
+      for (; i < inter; ++i) ar[i] = gr[i] / (1.f + std::exp(-gr[i])) * ur[i];
+    }
+  });
+}
+
+// Neox rotate-half rotary on `heads` heads of Dh starting at x; cs = [cos(Dh/2), sin(Dh/2)].
+void rotate(float* x, int64_t heads, int64_t Dh, const float* cs) {
+  const int64_t half = Dh / 2;
+  const float* c = cs;
+  const float* s = cs + half;
+  for (int64_t h = 0; h < heads; ++h) {
+    float* xh = x + h * Dh;
+#pragma omp simd
+    for (int64_t i = 0; i < half; ++i) {
+      const float x1 = xh[i], x2 = xh[i + half];
+      xh[i] = x1 * c[i] - x2 * s[i];
+      xh[i + half] = x2 * c[i] + x1 * s[i];
+    }
+  }
+}
+
+// Copy n floats into a cache row (float: as is; fp16: rounded to nearest).
+static inline void store_row(float* dst, const float* src, int64_t n) {
+  std::copy(src, src + n, dst);
+}
+static inline void store_row(at::Half* dst, const float* src, int64_t n) {
+  int64_t i = 0;
+#ifdef ROSEINFER_AVX2
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+  for (; i < n; ++i) dst[i] = static_cast<at::Half>(src[i]);
+}
+
+// Rotary on q and k of every row (in place), K/V into their cache slots, and q copied to
+// q_out [B, H, Dh] unless q_out is null.
+template <typename KV>
+void rope_and_store(float* qkv, int64_t B, int64_t H, int64_t Hkv, int64_t Dh,
+                           const int64_t* pos, const int64_t* slots, const float* cos_sin,
+                           float* q_out, KV* kc, KV* vc) {
+  const int64_t q_size = H * Dh, kv_size = Hkv * Dh, qkv_size = q_size + 2 * kv_size;
+  at::parallel_for(0, B, 16, [&](int64_t b0, int64_t e0) {
+    for (int64_t b = b0; b < e0; ++b) {
+      float* row = qkv + b * qkv_size;
+      const float* c = cos_sin + pos[b] * Dh;
+      rotate(row, H, Dh, c);
+      rotate(row + q_size, Hkv, Dh, c);
+      if (q_out) std::copy(row, row + q_size, q_out + b * q_size);
+      store_row(kc + slots[b] * kv_size, row + q_size, kv_size);
+      store_row(vc + slots[b] * kv_size, row + q_size + kv_size, kv_size);
+    }
+  });
+}
+
+
+template void rope_and_store<float>(float*, int64_t, int64_t, int64_t, int64_t, const int64_t*,
+                                    const int64_t*, const float*, float*, float*, float*);
+template void rope_and_store<at::Half>(float*, int64_t, int64_t, int64_t, int64_t,
+                                       const int64_t*, const int64_t*, const float*, float*,
+                                       at::Half*, at::Half*);
+
+// ------------------------------------------------------------------- torch ops
+at::Tensor rms_norm_op(at::Tensor x, at::Tensor w, double eps) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat &&
+                  x.size(-1) == w.numel(),
+              "rms_norm: float32 x [..., n] and w [n]");
+  auto xc = x.contiguous();
+  auto wc = w.contiguous();
+  auto y = at::empty_like(xc);
+  const int64_t n = xc.size(-1), rows = xc.numel() / std::max<int64_t>(n, 1);
+  const float* xp = xc.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+    rms_norm(xp + r0 * n, wc.data_ptr<float>(), yp + r0 * n, r1 - r0, n, (float)eps);
+  });
+  return y;
+}
+
+at::Tensor silu_mul_op(at::Tensor gate_up) {
+  TORCH_CHECK(gate_up.scalar_type() == at::kFloat && gate_up.dim() == 2 &&
+                  gate_up.size(1) % 2 == 0,
+              "silu_mul: float32 [T, 2 * inter]");
+  auto gu = gate_up.contiguous();
+  const int64_t T = gu.size(0), inter = gu.size(1) / 2;
+  auto out = at::empty({T, inter}, gu.options());
+  silu_mul(gu.data_ptr<float>(), out.data_ptr<float>(), T, inter);
+  return out;
+}
+
+void rope_and_cache_op(at::Tensor qkv, at::Tensor positions, at::Tensor cos_sin,
+                       at::Tensor kv_cache, at::Tensor slot_mapping, int64_t num_heads,
+                       int64_t num_kv_heads) {
+  TORCH_CHECK(qkv.scalar_type() == at::kFloat && qkv.dim() == 2 && qkv.is_contiguous(),
+              "rope_and_cache: qkv must be contiguous float32 [T, (H + 2 Hkv) * Dh]");
+  TORCH_CHECK(positions.scalar_type() == at::kLong && slot_mapping.scalar_type() == at::kLong,
+              "rope_and_cache: positions and slot_mapping must be int64");
+  TORCH_CHECK(cos_sin.scalar_type() == at::kFloat, "rope_and_cache: float32 cos/sin cache");
+  TORCH_CHECK(kv_cache.dim() == 4 && kv_cache.size(0) == 2 && kv_cache.is_contiguous() &&
+                  (kv_cache.scalar_type() == at::kFloat || kv_cache.scalar_type() == at::kHalf),
+              "rope_and_cache: kv_cache must be contiguous float32/float16 [2, slots, Hkv, Dh]");
+  const int64_t T = qkv.size(0), Dh = kv_cache.size(3);
+  TORCH_CHECK(kv_cache.size(2) == num_kv_heads &&
+                  qkv.size(1) == (num_heads + 2 * num_kv_heads) * Dh &&
+                  positions.numel() == T && slot_mapping.numel() == T && cos_sin.size(1) == Dh,
+              "rope_and_cache: shapes do not match");
+  auto pos = positions.contiguous();
+  auto slots = slot_mapping.contiguous();
+  auto cs = cos_sin.contiguous();
+  // q keeps its place in qkv: rotate it in place (q_out = the row itself).
+  const int64_t half_off = kv_cache.size(1) * num_kv_heads * Dh;
+  if (kv_cache.scalar_type() == at::kHalf) {
+    at::Half* kc = kv_cache.data_ptr<at::Half>();
+    rope_and_store(qkv.data_ptr<float>(), T, num_heads, num_kv_heads, Dh,
+                   pos.data_ptr<int64_t>(), slots.data_ptr<int64_t>(), cs.data_ptr<float>(),
+                   nullptr, kc, kc + half_off);
+  } else {
+    float* kc = kv_cache.data_ptr<float>();
+    rope_and_store(qkv.data_ptr<float>(), T, num_heads, num_kv_heads, Dh,
+                   pos.data_ptr<int64_t>(), slots.data_ptr<int64_t>(), cs.data_ptr<float>(),
+                   nullptr, kc, kc + half_off);
+  }
+}
+
+}  // namespace roseinfer
