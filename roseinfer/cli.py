@@ -27,7 +27,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-cache-memory-gb", type=float, default=1.0)
     g.add_argument("--num-kv-blocks", type=int, default=None)
     g.add_argument("--max-num-seqs", type=int, default=64)
-    g.add_argument("--max-num-batched-tokens", type=int, default=1024)
+    g.add_argument("--max-num-batched-tokens", type=int, default=256)
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching",
                    action="store_false", default=True)

@@ -29,7 +29,10 @@ class EngineConfig:
     kv_cache_memory_gb: float = 1.0  # KV pool budget (ignored when num_kv_blocks is set)
     num_kv_blocks: int | None = None  # explicit KV pool size in blocks
     max_num_seqs: int = 64  # most requests in one step
-    max_num_batched_tokens: int = 1024  # token budget of one step (prefill chunk size)
+    # Token budget of one step (= prefill chunk size).  256 keeps a step with a prefill
+    # chunk near 0.25 s on 2 cores, so new requests start (TTFT) and running ones advance
+    # (ITL) promptly; prefill GEMMs are as efficient at 256 rows as at 1024.
+    max_num_batched_tokens: int = 256
     max_model_len: int | None = None  # default: the model's context, capped by the pool
     enable_prefix_caching: bool = True
     num_threads: int | None = None  # torch threads; default = usable cores

@@ -29,6 +29,8 @@ from typing import Any
 
 import httpx
 
+from roseinfer.bench.sse_client import HTTPStatusError, post_sse
+
 _WORDS = ("time river light stone garden music window paper summer market letter forest "
           "engine silver quiet morning bridge story number castle winter ocean field "
           "table mirror school travel yellow answer family island garden thunder").split()
@@ -55,8 +57,7 @@ def make_prompt(rng: random.Random, approx_tokens: int) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(approx_tokens))
 
 
-async def _one_request(client: httpx.AsyncClient, url: str, model: str, prompt: str,
-                       max_tokens: int) -> RequestRecord:
+async def _one_request(url: str, model: str, prompt: str, max_tokens: int) -> RequestRecord:
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
             "temperature": 0.0, "ignore_eos": True,
             "stream_options": {"include_usage": True}}
@@ -65,28 +66,24 @@ async def _one_request(client: httpx.AsyncClient, url: str, model: str, prompt: 
     rec = RequestRecord(ok=False)
     chunks = 0
     try:
-        async with client.stream("POST", f"{url}/v1/completions", json=body) as resp:
-            if resp.status_code != 200:
-                rec.error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
-                return rec
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                data = json.loads(line[6:])
-                usage = data.get("usage")
-                if usage:
-                    rec.output_tokens = int(usage.get("completion_tokens", 0))
-                choices = data.get("choices") or []
-                if not choices or not choices[0].get("text"):
-                    continue
-                now = time.perf_counter()
-                if last is None:
-                    rec.ttft = now - start
-                else:
-                    rec.itl.append(now - last)
-                last = now
-                chunks += 1
-    except httpx.HTTPError as exc:
+        async for data in post_sse(f"{url}/v1/completions", body):
+            if data == b"[DONE]":
+                continue
+            event = json.loads(data)
+            usage = event.get("usage")
+            if usage:
+                rec.output_tokens = int(usage.get("completion_tokens", 0))
+            choices = event.get("choices") or []
+            if not choices or not choices[0].get("text"):
+                continue
+            now = time.perf_counter()
+            if last is None:
+                rec.ttft = now - start
+            else:
+                rec.itl.append(now - last)
+            last = now
+            chunks += 1
+    except (OSError, asyncio.IncompleteReadError, HTTPStatusError, ValueError) as exc:
         rec.error = repr(exc)
         return rec
     rec.latency = time.perf_counter() - start
@@ -110,28 +107,26 @@ async def run_load(url: str, model: str, prompts: list[str], max_tokens: int,
                    concurrency: int | None, request_rate: float | None,
                    seed: int = 0) -> dict[str, Any]:
     """Run one load level; return its summary (and raw per-request figures)."""
-    limits = httpx.Limits(max_connections=max(64, concurrency or 0))
-    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
-        records: list[RequestRecord] = []
-        start = time.perf_counter()
-        if concurrency is not None:
-            queue = list(prompts)
+    records: list[RequestRecord] = []
+    start = time.perf_counter()
+    if concurrency is not None:
+        queue = list(prompts)
 
-            async def worker() -> None:
-                while queue:
-                    p = queue.pop()
-                    records.append(await _one_request(client, url, model, p, max_tokens))
+        async def worker() -> None:
+            while queue:
+                p = queue.pop()
+                records.append(await _one_request(url, model, p, max_tokens))
 
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
-        else:
-            rng = random.Random(seed)
-            tasks = []
-            for p in prompts:
-                tasks.append(asyncio.create_task(_one_request(client, url, model, p, max_tokens)))
-                if request_rate and request_rate != float("inf"):
-                    await asyncio.sleep(rng.expovariate(request_rate))
-            records = list(await asyncio.gather(*tasks))
-        wall = time.perf_counter() - start
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    else:
+        rng = random.Random(seed)
+        tasks = []
+        for p in prompts:
+            tasks.append(asyncio.create_task(_one_request(url, model, p, max_tokens)))
+            if request_rate and request_rate != float("inf"):
+                await asyncio.sleep(rng.expovariate(request_rate))
+        records = list(await asyncio.gather(*tasks))
+    wall = time.perf_counter() - start
     ok = [r for r in records if r.ok]
     out_tokens = sum(r.output_tokens for r in ok)
     return {

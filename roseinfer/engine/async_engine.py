@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from roseinfer.engine.engine import LLMEngine
 from roseinfer.engine.stats import EngineStats
@@ -148,6 +149,41 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------ lifecycle
+    @classmethod
+    def launch(cls, build: Callable[[], LLMEngine], **options: Any) -> AsyncEngine:
+        """Build the engine ON a new engine thread and step it there; return once it is
+        built (a build error is re-raised here).  ``options`` go to the constructor.
+
+        Why the engine thread must build it: every thread that runs an OpenMP region
+        (loading and warming up a model does) keeps its own libgomp worker threads, and
+        once all of them together outnumber the cores, libgomp cuts barrier spinning to
+        almost nothing: each of the ~240 barriers of a decode step then sleeps and wakes
+        through the kernel.  On 2 cores, a model loaded on one thread and stepped on
+        another ran 16-sequence decode steps at 47.8 ms instead of 36.8 ms.
+        """
+        ready = threading.Event()
+        box: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                engine = cls(build(), **options)
+                engine._thread = threading.current_thread()
+                box["engine"] = engine
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                box["error"] = exc
+                return
+            finally:
+                ready.set()
+            engine._run()
+
+        thread = threading.Thread(target=target, name="roseinfer-engine", daemon=True)
+        thread.start()
+        ready.wait()
+        if "error" in box:
+            thread.join()
+            raise box["error"]
+        return box["engine"]
+
     def start(self) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="roseinfer-engine", daemon=True)

@@ -73,7 +73,7 @@ def _setup_logging(level: str) -> None:
 def warmup(engine: LLMEngine) -> None:
     """One short greedy generation so the first user request does not pay for it.
 
-    Runs before the engine thread starts; the stats are reset afterwards.
+    Runs on the engine thread before it serves; the stats are reset afterwards.
     """
     from roseinfer.engine.stats import EngineStats
     from roseinfer.sampling_params import SamplingParams
@@ -127,20 +127,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
     names = tuple(args.served_model_name or (default_model_name(args.model),))
     logger.info("loading model %s (dtype %s, device %s)", args.model or DEFAULT_MODEL_NAME,
                 config.dtype, config.device)
-    engine = LLMEngine(config)
-    bm = engine.block_manager
-    gib = bm.num_blocks * kv_bytes_per_block(engine.model_config, bm.block_size,
-                                             engine.kv_dtype) / (1 << 30)
-    logger.info("model %s: %s, dtype %s, weights %s, on %s; KV pool %d blocks x %d tokens = %d tokens "
-                "(~%.2f GiB); max_model_len %d; prefix caching %s",
-                names[0], engine.model_config.architecture, config.dtype,
-                "exact" if engine.quantization == "none" else engine.quantization, engine.device,
-                bm.num_blocks, bm.block_size, bm.num_blocks * bm.block_size, gib,
-                engine.max_model_len, "on" if config.enable_prefix_caching else "off")
-    if args.warmup:
-        warmup(engine)
-    async_engine = AsyncEngine(engine, max_waiting_requests=args.max_waiting_requests,
-                               log_stats_interval=args.log_stats_interval)
+
+    def build() -> LLMEngine:  # runs on the engine thread (see AsyncEngine.launch)
+        engine = LLMEngine(config)
+        bm = engine.block_manager
+        gib = bm.num_blocks * kv_bytes_per_block(engine.model_config, bm.block_size,
+                                                 engine.kv_dtype) / (1 << 30)
+        logger.info("model %s: %s, dtype %s, weights %s, KV cache %s, on %s; KV pool %d "
+                    "blocks x %d tokens = %d tokens (~%.2f GiB); max_model_len %d; prefix "
+                    "caching %s", names[0], engine.model_config.architecture, config.dtype,
+                    "exact" if engine.quantization == "none" else engine.quantization,
+                    str(engine.kv_dtype).removeprefix("torch."), engine.device,
+                    bm.num_blocks, bm.block_size, bm.num_blocks * bm.block_size, gib,
+                    engine.max_model_len, "on" if config.enable_prefix_caching else "off")
+        if args.warmup:
+            warmup(engine)
+        return engine
+
+    async_engine = AsyncEngine.launch(build, max_waiting_requests=args.max_waiting_requests,
+                                      log_stats_interval=args.log_stats_interval)
     settings = ServerSettings(served_model_names=names, api_key=args.api_key,
                               max_body_bytes=args.max_body_bytes)
     logger.info("serving %s at http://%s:%d/v1 (API key %s)", ", ".join(names), args.host,

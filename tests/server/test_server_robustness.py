@@ -41,6 +41,40 @@ def assert_pool_whole(engine) -> None:  # noqa: ANN001
 
 
 # ---------------------------------------------------------------- AsyncEngine
+def test_launch_builds_and_steps_on_one_engine_thread() -> None:
+    import threading
+
+    seen: list[str] = []
+
+    def build():  # noqa: ANN202
+        seen.append(threading.current_thread().name)
+        engine = tiny_engine()
+        step = engine.step
+        engine.step = lambda: seen.append(threading.current_thread().name) or step()
+        return engine
+
+    ae = AsyncEngine.launch(build)
+    try:
+        assert ae.healthy
+        ae.start()  # already running: a no-op
+
+        async def run() -> int:
+            stream = ae.add_request("a", PROMPT, SamplingParams(temperature=0, max_tokens=3,
+                                                                ignore_eos=True))
+            return len([o async for o in stream][-1].outputs[0].token_ids)
+
+        assert asyncio.run(run()) == 3
+        assert set(seen) == {"roseinfer-engine"} and len(seen) > 1
+    finally:
+        ae.shutdown()
+
+    def broken():  # noqa: ANN202
+        raise ValueError("no such model")
+
+    with pytest.raises(ValueError, match="no such model"):
+        AsyncEngine.launch(broken)
+
+
 def test_async_engine_streams_and_idles_without_stepping() -> None:
     engine = tiny_engine()
     calls = []
