@@ -16,10 +16,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     g.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
     g.add_argument("--quantization", default="auto",
-                   choices=["auto", "none", "fp16", "fp16+bf16"],
+                   choices=["auto", "none", "fp16", "fp16+bf16", "int8"],
                    help="weight format: none (exact fp32), fp16 (fp16 weights, fp32 math), "
-                        "fp16+bf16 (plus bf16 GEMMs for 32+ rows); auto = fp16+bf16 on CPUs "
-                        "with AVX512-BF16, fp16 on other CPUs, none elsewhere")
+                        "fp16+bf16 (plus bf16 GEMMs for 32+ rows), int8 (plus int8 weights "
+                        "for 1-2 row decode, bf16 copy where the CPU has AVX512-BF16); "
+                        "auto = int8 on CPU, none elsewhere")
     g.add_argument("--kv-cache-dtype", default="auto",
                    choices=["auto", "float32", "bfloat16", "float16"],
                    help="KV cache element type; auto = float16 with fp16 weights, else --dtype")

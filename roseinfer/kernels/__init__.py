@@ -55,11 +55,27 @@ def unavailable_reason() -> str | None:
 
 
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, fp16: bool,
-                bf16_min_rows: int = 0) -> object:
+                bf16_min_rows: int = 0, int8_max_rows: int = 0) -> object:
     """A ``torch.classes.roseinfer.Linear`` over ``weight`` [N, K] (kernels must be loaded);
-    with ``bf16_min_rows`` > 0 it also keeps a bf16 copy for inputs of that many rows."""
-    linear = torch.classes.roseinfer.Linear(weight.detach().float().contiguous(),
-                                            None if bias is None else bias.detach().float(), fp16)
+    with ``bf16_min_rows`` > 0 it also keeps a bf16 copy for inputs of that many rows, with
+    ``int8_max_rows`` > 0 an int8 copy (``quantize_int8_blocks``) for inputs up to that many
+    rows (needs K % 32 == 0; ignored otherwise)."""
+    w = weight.detach().float().contiguous()
+    linear = torch.classes.roseinfer.Linear(w, None if bias is None else bias.detach().float(),
+                                            fp16)
     if bf16_min_rows > 0:
-        linear.set_bf16_weight(weight.detach().to(torch.bfloat16).contiguous(), bf16_min_rows)
+        linear.set_bf16_weight(w.to(torch.bfloat16).contiguous(), bf16_min_rows)
+    if int8_max_rows > 0 and w.shape[1] % 32 == 0:
+        q, scales = quantize_int8_blocks(w)
+        linear.set_int8_weight(q, scales, int8_max_rows)
     return linear
+
+
+def quantize_int8_blocks(weight: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per block of ``block`` weights along a row: weight [N, K] ->
+    (q int8 [N, K], scales float32 [N, K / block]), weight ~= q * scale per block."""
+    n, k = weight.shape
+    groups = weight.float().reshape(n, k // block, block)
+    scales = groups.abs().amax(-1).clamp(min=1e-12) / 127.0  # [N, K / block]
+    q = torch.round(groups / scales.unsqueeze(-1)).clamp_(-127, 127).to(torch.int8)
+    return q.reshape(n, k).contiguous(), scales.contiguous()

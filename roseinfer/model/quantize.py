@@ -21,19 +21,30 @@ logits to bf16 costs 2 points of top-1 agreement with fp32 for little time (pref
 computes logits for a few rows).  It costs a second copy of the decoder weights (bf16,
 the size of the fp16 one).
 
+``"int8"`` adds, on top of "fp16+bf16" (or "fp16" where the CPU lacks bf16 GEMMs), an
+int8 copy of every weight with one fp32 scale per 32 weights of a row (like llama.cpp's
+Q8_0) for inputs of at most ``INT8_MAX_ROWS`` rows: 1-2 sequence decode steps read half
+the bytes (measured: a whole decode step's GEMVs 8.7 -> 6.1 ms at one row).  Activations
+stay fp32.  Larger inputs keep the fp16 / bf16 paths, so only small-batch decode sees
+the int8 rounding.
+
 Embeddings and norms stay in the model dtype.  ``"none"`` leaves the model as is.
-int8 is not offered: fbgemm's dynamic int8 uses one activation scale per tensor,
-which wrecks the default model's quality (see docs and BENCHMARKS.md).
+int8 activations are not used: fbgemm's dynamic int8 (one activation scale per tensor)
+wrecks the default model (BENCHMARKS.md), and even per-token 8-bit activation scales
+with per-channel weights measured top-1 agreement 91.4% (7-bit: 87.0%), below the gate.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-QUANTIZATIONS = ("none", "fp16", "fp16+bf16")
+QUANTIZATIONS = ("none", "fp16", "fp16+bf16", "int8")
 BF16_MIN_ROWS = 32  # below this many input rows fbgemm's fp16 GEMM is as fast or faster
+INT8_MAX_ROWS = 2  # up to this many rows the int8 GEMV beats fbgemm fp16 (6.1 vs 8.7 ms)
 
 
 def cpu_has_bf16_gemm() -> bool:
@@ -70,7 +81,7 @@ class Fp16Linear(nn.Module):
     """
 
     def __init__(self, weight: Tensor, bias: Tensor | None, use_fbgemm: bool,
-                 bf16_min_rows: int = 0) -> None:
+                 bf16_min_rows: int = 0, int8_max_rows: int = 0) -> None:
         super().__init__()
         self.in_features = int(weight.shape[1])
         self.out_features = int(weight.shape[0])
@@ -83,7 +94,8 @@ class Fp16Linear(nn.Module):
         if weight.device.type == "cpu" and weight.dtype == torch.float32 and _kernels():
             from roseinfer.kernels import make_linear
 
-            self.kernel = make_linear(weight, bias, fp16=True, bf16_min_rows=bf16_min_rows)
+            self.kernel = make_linear(weight, bias, fp16=True, bf16_min_rows=bf16_min_rows,
+                                      int8_max_rows=int8_max_rows)
             self.weight = torch.empty(0, dtype=torch.float16)
         elif use_fbgemm and weight.device.type == "cpu" and weight.dtype == torch.float32:
             # fbgemm keeps its own fp16 copy; drop ours to save memory.
@@ -115,17 +127,17 @@ def _kernels() -> bool:
     return cpu_kernels_available()
 
 
-def _swap_linears(module: nn.Module, use_fbgemm: bool, bf16_min_rows: int,
+def _swap_linears(module: nn.Module, make: Callable[[Tensor, Tensor | None], Fp16Linear],
                   skip: nn.Module | None = None) -> int:
     count = 0
     for name, child in list(module.named_children()):
         if child is skip:
             continue
         if isinstance(child, nn.Linear):
-            setattr(module, name, Fp16Linear(child.weight, child.bias, use_fbgemm, bf16_min_rows))
+            setattr(module, name, make(child.weight, child.bias))
             count += 1
         else:
-            count += _swap_linears(child, use_fbgemm, bf16_min_rows, skip)
+            count += _swap_linears(child, make, skip)
     return count
 
 
@@ -141,14 +153,18 @@ def quantize_model(model: nn.Module, quantization: str | None) -> nn.Module:
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"unsupported quantization {quantization!r}; supported: {QUANTIZATIONS}")
     use_fbgemm = fbgemm_fp16_available()
-    bf16_min_rows = BF16_MIN_ROWS if quantization == "fp16+bf16" else 0
+    bf16 = quantization == "fp16+bf16" or (quantization == "int8" and cpu_has_bf16_gemm())
+    bf16_min_rows = BF16_MIN_ROWS if bf16 else 0
+    int8_max_rows = INT8_MAX_ROWS if quantization == "int8" else 0
     lm_head = getattr(model, "lm_head", None)
-    _swap_linears(model, use_fbgemm, bf16_min_rows, skip=lm_head)
+    _swap_linears(model, lambda w, b: Fp16Linear(w, b, use_fbgemm, bf16_min_rows, int8_max_rows),
+                  skip=lm_head)
     if lm_head is None:  # tied: the head reads the embedding matrix
         weight, bias = model.tied_embedding(), None  # type: ignore[operator]
     else:
         weight, bias = lm_head.weight, lm_head.bias
-    model.lm_head = Fp16Linear(weight, bias, use_fbgemm)  # fp16 only (see above)
+    # No bf16 head (see above); int8 for the few rows of small-batch decode.
+    model.lm_head = Fp16Linear(weight, bias, use_fbgemm, int8_max_rows=int8_max_rows)
     model.quantization = quantization  # type: ignore[assignment]
     if hasattr(model, "_stack_state"):  # a decode stack built earlier saw the old weights
         model._stack, model._stack_state = None, "unbuilt"

@@ -24,7 +24,7 @@ from tests.server.helpers import (
 def server_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """Starts `roseinfer serve` on the default model (health is awaited by `server`).
 
-    Weights in plain fp16 (not the "fp16+bf16" that auto picks on AVX512-BF16 CPUs):
+    Weights in plain fp16 (not the int8 / bf16 mix that auto picks on CPU):
     the tests compare streams served in a batch with the same prompts alone, which
     holds exactly only when every batch size runs the same arithmetic.
     """

@@ -1,6 +1,7 @@
 // Registers the kernels as torch ops / classes under the "roseinfer" namespace:
 //   torch.classes.roseinfer.Linear(weight[N,K] f32, bias[N]|None, fp16: bool)
 //       .set_bf16_weight(weight[N,K] bf16, min_rows): bf16 GEMM for inputs of >= min_rows
+//       .set_int8_weight(q[N,K] int8, scales[N,K/32] f32, max_rows): int8 GEMV for <= max_rows
 //   torch.classes.roseinfer.LlamaStack(hidden, heads, kv_heads, head_dim, inter, eps, final_norm)
 //   torch.ops.roseinfer.paged_decode_attention(q, kv_cache, block_tables, context_lens,
 //                                              block_size, scale)
@@ -20,6 +21,7 @@ TORCH_LIBRARY(roseinfer, m) {
       .def(torch::init<at::Tensor, std::optional<at::Tensor>, bool>())
       .def("forward", &roseinfer::Linear::forward)
       .def("set_bf16_weight", &roseinfer::Linear::set_bf16_weight)
+      .def("set_int8_weight", &roseinfer::Linear::set_int8_weight)
       .def("in_features", [](const c10::intrusive_ptr<roseinfer::Linear>& self) {
         return self->in_features;
       })
