@@ -3,7 +3,8 @@
 Threading model
 ---------------
 * Every call into the ``LLMEngine`` (add, abort, step, stats) happens on ONE engine
-  thread. Handlers never touch the engine: ``add_request(s)`` / ``abort`` append a
+  thread; ``AsyncEngine.launch`` also builds the engine there, so every OpenMP region
+  of the process runs on that thread (see ``launch``). Handlers never touch the engine: ``add_request(s)`` / ``abort`` append a
   command to a lock-protected list and notify a condition variable.
 * The engine thread applies pending commands between steps, steps while work
   exists, and blocks on the condition when idle (no spinning).
@@ -28,98 +29,30 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from roseinfer.engine.engine import LLMEngine
+from roseinfer.engine.request_stream import (
+    EngineDeadError,
+    EngineStepError,
+    PendingRequest,
+    QueueFullError,
+    RequestRejectedError,
+    RequestStream,
+    StepObserver,
+    StepTimings,
+)
 from roseinfer.engine.stats import EngineStats
 from roseinfer.outputs import RequestOutput
 from roseinfer.sampling_params import SamplingParams
 
+__all__ = [
+    "AsyncEngine", "EngineDeadError", "EngineStepError", "PendingRequest", "QueueFullError",
+    "RequestRejectedError", "RequestStream", "StepObserver", "StepTimings",
+]
+
 logger = logging.getLogger(__name__)
-
-
-class EngineDeadError(RuntimeError):
-    """The engine loop has stopped (shut down, or failed beyond recovery)."""
-
-
-class EngineStepError(RuntimeError):
-    """A step of the engine raised while this request was in flight."""
-
-
-class QueueFullError(RuntimeError):
-    """The waiting queue is at its limit; retry later."""
-
-
-class RequestRejectedError(ValueError):
-    """The engine refused a request that passed the handler's validation."""
-
-
-@dataclass(frozen=True, slots=True)
-class PendingRequest:
-    request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    arrival_time: float = field(default_factory=time.monotonic)
-
-
-@dataclass(slots=True)
-class StepTimings:
-    """Latencies observed in one step, handed to observers (metrics)."""
-
-    ttft: list[float] = field(default_factory=list)
-    itl: list[float] = field(default_factory=list)
-    e2e: list[float] = field(default_factory=list)
-
-
-StepObserver = Callable[[StepTimings], None]
-
-
-class RequestStream:
-    """Async iterator over the outputs of one or more requests submitted together.
-
-    Yields ``RequestOutput`` objects (``request_id`` tells them apart) and stops once
-    every request finished. ``abort()`` (idempotent) cancels the unfinished ones.
-    """
-
-    def __init__(self, engine: AsyncEngine, request_ids: Sequence[str],
-                 loop: asyncio.AbstractEventLoop) -> None:
-        self._engine = engine
-        self.request_ids = tuple(request_ids)
-        self._unfinished = set(request_ids)
-        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-        self.loop = loop
-        self._closed = False
-
-    @property
-    def finished(self) -> bool:
-        return not self._unfinished
-
-    def _put(self, item: RequestOutput | BaseException) -> None:  # on the event loop
-        if not self._closed:
-            self._queue.put_nowait(item)
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        if not self._unfinished or self._closed:
-            raise StopAsyncIteration
-        item = await self._queue.get()
-        if isinstance(item, BaseException):
-            self._closed = True
-            self.abort()
-            raise item
-        if item.finished:
-            self._unfinished.discard(item.request_id)
-        return item
-
-    def abort(self) -> None:
-        """Abort every unfinished request of this stream (safe to call many times)."""
-        self._closed = True
-        if self._unfinished:
-            self._engine.abort(list(self._unfinished))
-            self._unfinished.clear()
 
 
 @dataclass(slots=True)

@@ -14,7 +14,8 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from roseinfer.engine.async_engine import AsyncEngine, StepTimings
+from roseinfer.engine.async_engine import AsyncEngine
+from roseinfer.engine.request_stream import StepTimings
 
 PREFIX = "roseinfer:"
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)

@@ -12,7 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
-from roseinfer.engine.async_engine import PendingRequest, RequestStream
+from roseinfer.engine.request_stream import PendingRequest, RequestStream
 from roseinfer.sampling_params import SamplingParams
 from roseinfer.server.errors import bad_request
 from roseinfer.server.protocol import DetokenizeRequest, GenerateRequest, TokenizeRequest

@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from roseinfer.engine.async_engine import PendingRequest, RequestStream
+from roseinfer.engine.request_stream import PendingRequest, RequestStream
 from roseinfer.outputs import CompletionOutput, RequestOutput
 from roseinfer.server.errors import bad_request
 from roseinfer.server.logprobs import chat_logprobs, completion_logprobs

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
-from roseinfer.engine.async_engine import (
-    AsyncEngine,
+from roseinfer.engine.async_engine import AsyncEngine
+from roseinfer.engine.request_stream import (
     EngineDeadError,
     EngineStepError,
     PendingRequest,
