@@ -16,8 +16,9 @@ Processing order (vLLM / HF / OpenAI conventions):
 3. presence / frequency penalties (OpenAI): over OUTPUT tokens only,
    ``logit -= presence * (count > 0) + frequency * count``;
 4. greedy rows: argmax of the penalised logits;
-5. sampled rows: ``/ temperature`` -> top-k -> top-p -> min-p -> softmax ->
-   exponential-race sample (``argmax(probs / Exponential(1))``).
+5. sampled rows: ``/ temperature`` -> top-k -> top-p -> min-p -> softmax -> one
+   U[0, 1) draw per row (the row's own generator when seeded) mapped through the
+   inverse CDF (``sample_inverse_cdf``).
 
 Logprobs are always those of the raw model distribution (``log_softmax`` of the
 logits passed in), as vLLM reports them by default.
