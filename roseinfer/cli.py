@@ -41,7 +41,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=args.model, dtype=args.dtype, device=args.device, quantization=args.quantization,
-        kv_cache_dtype=args.kv_cache_dtype, block_size=args.block_size, kv_cache_memory_gb=args.kv_cache_memory_gb,
+        kv_cache_dtype=args.kv_cache_dtype, block_size=args.block_size,
+        kv_cache_memory_gb=args.kv_cache_memory_gb,
         num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         enable_prefix_caching=args.enable_prefix_caching, num_threads=args.num_threads,

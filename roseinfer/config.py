@@ -83,8 +83,7 @@ class EngineConfig:
         """The KV cache element type actually used on a device of this type."""
         if self.kv_cache_dtype != "auto":
             return self.kv_cache_dtype
-        fast_weights = self.resolved_quantization(device_type) in ("fp16", "fp16+bf16", "int8")
-        return "float16" if fast_weights else self.dtype
+        return "float16" if self.resolved_quantization(device_type) != "none" else self.dtype
 
     def resolved_num_threads(self) -> int:
         if self.num_threads is not None:

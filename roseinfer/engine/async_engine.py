@@ -4,8 +4,9 @@ Threading model
 ---------------
 * Every call into the ``LLMEngine`` (add, abort, step, stats) happens on ONE engine
   thread; ``AsyncEngine.launch`` also builds the engine there, so every OpenMP region
-  of the process runs on that thread (see ``launch``). Handlers never touch the engine: ``add_request(s)`` / ``abort`` append a
-  command to a lock-protected list and notify a condition variable.
+  of the process runs on that thread (see ``launch``). Handlers never touch the
+  engine: ``add_request(s)`` / ``abort`` append a command to a lock-protected list
+  and notify a condition variable.
 * The engine thread applies pending commands between steps, steps while work
   exists, and blocks on the condition when idle (no spinning).
 * Outputs of one step are handed to the event loop in ONE ``call_soon_threadsafe``
@@ -46,11 +47,6 @@ from roseinfer.engine.request_stream import (
 from roseinfer.engine.stats import EngineStats
 from roseinfer.outputs import RequestOutput
 from roseinfer.sampling_params import SamplingParams
-
-__all__ = [
-    "AsyncEngine", "EngineDeadError", "EngineStepError", "PendingRequest", "QueueFullError",
-    "RequestRejectedError", "RequestStream", "StepObserver", "StepTimings",
-]
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,8 @@ import httpx
 import openai
 import pytest
 
-from roseinfer.engine.async_engine import AsyncEngine, EngineStepError, PendingRequest
+from roseinfer.engine.async_engine import AsyncEngine
+from roseinfer.engine.request_stream import EngineStepError, PendingRequest
 from roseinfer.sampling_params import SamplingParams
 from roseinfer.server.state import ServerSettings
 from tests.server.helpers import free_port, stop_process, tiny_engine, tiny_server, wait_until

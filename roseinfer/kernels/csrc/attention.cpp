@@ -214,22 +214,14 @@ at::Tensor paged_decode_attention(at::Tensor q, at::Tensor kv_cache, at::Tensor 
   auto qc = q.contiguous();
   TORCH_CHECK(qc.dim() == 3 && qc.scalar_type() == at::kFloat, "q must be float32 [D, H, Dh]");
   const int64_t D = qc.size(0), H = qc.size(1), Dh = qc.size(2);
-  const int64_t S = kv_cache.size(1), Hkv = kv_cache.size(2);
+  const int64_t Hkv = kv_cache.size(2);
   TORCH_CHECK(kv_cache.size(3) == Dh && H % Hkv == 0, "head shapes do not match the cache");
   auto out = at::empty_like(qc);
-  if (kv_cache.scalar_type() == at::kHalf) {
-    const at::Half* kc = kv_cache.data_ptr<at::Half>();
-    decode_attention(qc.data_ptr<float>(), kc, kc + S * Hkv * Dh,
-                     block_tables.data_ptr<int32_t>(), block_tables.stride(0),
-                     context_lens.data_ptr<int32_t>(), D, H, Hkv, Dh, block_size,
-                     (float)scale, out.data_ptr<float>());
-  } else {
-    const float* kc = kv_cache.data_ptr<float>();
-    decode_attention(qc.data_ptr<float>(), kc, kc + S * Hkv * Dh,
-                     block_tables.data_ptr<int32_t>(), block_tables.stride(0),
-                     context_lens.data_ptr<int32_t>(), D, H, Hkv, Dh, block_size,
-                     (float)scale, out.data_ptr<float>());
-  }
+  with_kv_halves(kv_cache, [&](auto* kc, auto* vc) {
+    decode_attention(qc.data_ptr<float>(), kc, vc, block_tables.data_ptr<int32_t>(),
+                     block_tables.stride(0), context_lens.data_ptr<int32_t>(), D, H, Hkv, Dh,
+                     block_size, (float)scale, out.data_ptr<float>());
+  });
   return out;
 }
 

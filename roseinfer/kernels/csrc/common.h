@@ -1,7 +1,8 @@
 // Shared includes and AVX2/FMA helpers for the roseinfer CPU kernels.
 // Layouts follow docs/CONTRACTS.md: kv_cache [2, slots, Hkv, Dh] float32; slot of
 // position p = block_table[p / block_size] * block_size + p % block_size.
-// Activations are float32 on CPU (the KV cache may be float16); the Python side falls back to PyTorch otherwise.
+// Activations are float32 on CPU (the KV cache may be float16); the Python side falls
+// back to PyTorch otherwise.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -18,6 +19,20 @@
 #endif
 
 namespace roseinfer {
+
+// Calls f(K, V) with typed pointers to the K and V halves of one layer's cache
+// [2, slots, Hkv, Dh] (float or at::Half elements; callers check the dtype first).
+template <typename F>
+inline void with_kv_halves(const at::Tensor& kv_cache, F&& f) {
+  const int64_t half = kv_cache.numel() / 2;
+  if (kv_cache.scalar_type() == at::kHalf) {
+    at::Half* k = kv_cache.data_ptr<at::Half>();
+    f(k, k + half);
+  } else {
+    float* k = kv_cache.data_ptr<float>();
+    f(k, k + half);
+  }
+}
 
 #ifdef ROSEINFER_AVX2
 static inline float hsum8(__m256 v) {

@@ -4,8 +4,7 @@
 namespace roseinfer {
 
 // y = w * (x * rsqrt(mean(x^2) + eps)), like transformers' LlamaRMSNorm in fp32.
-void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n,
-                     float eps) {
+void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * n;
     float* yr = y + r * n;
@@ -19,8 +18,8 @@ void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n,
 }
 
 // h += t, then y = rms_norm(h) * w; rows split over the threads.
-void add_rms_norm(float* h, const float* t, const float* w, float* y, int64_t rows,
-                         int64_t n, float eps) {
+void add_rms_norm(float* h, const float* t, const float* w, float* y, int64_t rows, int64_t n,
+                  float eps) {
   at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       float* hr = h + r * n;
@@ -158,19 +157,12 @@ void rope_and_cache_op(at::Tensor qkv, at::Tensor positions, at::Tensor cos_sin,
   auto pos = positions.contiguous();
   auto slots = slot_mapping.contiguous();
   auto cs = cos_sin.contiguous();
-  // q keeps its place in qkv: rotate it in place (q_out = the row itself).
-  const int64_t half_off = kv_cache.size(1) * num_kv_heads * Dh;
-  if (kv_cache.scalar_type() == at::kHalf) {
-    at::Half* kc = kv_cache.data_ptr<at::Half>();
+  // q keeps its place in qkv: rotated in place, not copied out (q_out = nullptr).
+  with_kv_halves(kv_cache, [&](auto* kc, auto* vc) {
     rope_and_store(qkv.data_ptr<float>(), T, num_heads, num_kv_heads, Dh,
                    pos.data_ptr<int64_t>(), slots.data_ptr<int64_t>(), cs.data_ptr<float>(),
-                   nullptr, kc, kc + half_off);
-  } else {
-    float* kc = kv_cache.data_ptr<float>();
-    rope_and_store(qkv.data_ptr<float>(), T, num_heads, num_kv_heads, Dh,
-                   pos.data_ptr<int64_t>(), slots.data_ptr<int64_t>(), cs.data_ptr<float>(),
-                   nullptr, kc, kc + half_off);
-  }
+                   nullptr, kc, vc);
+  });
 }
 
 }  // namespace roseinfer

@@ -51,23 +51,15 @@ at::Tensor LlamaStack::forward(at::Tensor h_in, at::Tensor positions, at::Tensor
     qkv[l]->run(x, qkv_buf);
     lap(0);
     const at::Tensor& cache = kv_caches[l];
-    const int64_t half_off = cache.size(1) * kv_size;  // V half starts here
     float* qg = qbuf.data_ptr<float>();
     const int32_t* bt = block_tables.data_ptr<int32_t>();
     const int32_t* lens = context_lens.data_ptr<int32_t>();
-    if (cache.scalar_type() == at::kHalf) {
-      at::Half* kc = cache.data_ptr<at::Half>();
-      rope_and_store(qp, B, H, Hkv, Dh, pp, sp, csp, qg, kc, kc + half_off);
+    with_kv_halves(cache, [&](auto* kc, auto* vc) {
+      rope_and_store(qp, B, H, Hkv, Dh, pp, sp, csp, qg, kc, vc);
       lap(2);
-      decode_attention(qg, kc, kc + half_off, bt, block_tables.stride(0), lens, B, H, Hkv, Dh,
-                       block_size, scale, attn.data_ptr<float>());
-    } else {
-      float* kc = cache.data_ptr<float>();
-      rope_and_store(qp, B, H, Hkv, Dh, pp, sp, csp, qg, kc, kc + half_off);
-      lap(2);
-      decode_attention(qg, kc, kc + half_off, bt, block_tables.stride(0), lens, B, H, Hkv, Dh,
-                       block_size, scale, attn.data_ptr<float>());
-    }
+      decode_attention(qg, kc, vc, bt, block_tables.stride(0), lens, B, H, Hkv, Dh, block_size,
+                       scale, attn.data_ptr<float>());
+    });
     lap(1);
     o[l]->run(attn, tmp);
     lap(0);
