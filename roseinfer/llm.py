@@ -38,9 +38,16 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
-        """Generate for every prompt (continuously batched); outputs in prompt order."""
+        """Generate for every prompt (continuously batched); outputs in prompt order.
+
+        Every prompt is validated before any is queued. A request that fails while
+        stepping comes back with finish reason ``"error"`` and ``.error`` set; the
+        others are unaffected.
+        """
         prompt_list = _as_prompt_list(prompts)
         param_list = _as_param_list(params, len(prompt_list))
+        for prompt, p in zip(prompt_list, param_list, strict=True):
+            self.engine.validate_request(prompt, p)  # every prompt before any is queued
         ids = []
         try:
             for prompt, p in zip(prompt_list, param_list, strict=True):
@@ -90,6 +97,9 @@ class LLM:
                 for out in self.engine.step():
                     if out.request_id != rid:
                         continue
+                    if out.error is not None:
+                        done = True
+                        raise RuntimeError(f"request {rid} failed: {out.error}")
                     if out.outputs[0].delta_text:
                         yield out.outputs[0].delta_text
                     done = out.finished

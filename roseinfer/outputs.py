@@ -17,7 +17,7 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None = None  # "stop", "length", "abort" or None while running
+    finish_reason: str | None = None  # "stop", "length", "abort", "error"; None while running
     stop_reason: str | int | None = None  # matched stop string / stop token id
     logprobs: list[dict[int, Logprob]] | None = None  # per generated token: id -> Logprob
     cumulative_logprob: float | None = None
@@ -48,3 +48,4 @@ class RequestOutput:
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    error: str | None = None  # set when the request failed in the engine (finish "error")

@@ -6,7 +6,15 @@ means greedy. Every invalid value raises ValueError naming the field.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+# Documented bounds (README "Limits"); the HTTP layer uses the same numbers.
+MAX_N = 64  # sequences per prompt
+MAX_LOGPROBS = 20  # logprobs / prompt_logprobs / top_logprobs
+MAX_STOP_STRINGS = 32
+MAX_STOP_STRING_CHARS = 1024  # characters per stop string
+MAX_STOP_TOKEN_IDS = 1024
 
 
 @dataclass(frozen=True)
@@ -46,10 +54,10 @@ class SamplingParams:
         def bad(name: str, why: str) -> ValueError:
             return ValueError(f"SamplingParams.{name} {why}, got {getattr(self, name)!r}")
 
-        if not _is_int(self.n) or self.n < 1:
-            raise bad("n", "must be an int >= 1")
+        if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
+            raise bad("n", f"must be an int in [1, {MAX_N}]")
         if not _is_num(self.temperature) or self.temperature < 0:
-            raise bad("temperature", "must be a number >= 0")
+            raise bad("temperature", "must be a finite number >= 0")
         if not _is_num(self.top_p) or not 0 < self.top_p <= 1:
             raise bad("top_p", "must be in (0, 1]")
         if not _is_int(self.top_k) or self.top_k < -1:
@@ -62,22 +70,28 @@ class SamplingParams:
             raise bad("presence_penalty", "must be in [-2, 2]")
         if not _is_num(self.frequency_penalty) or not -2 <= self.frequency_penalty <= 2:
             raise bad("frequency_penalty", "must be in [-2, 2]")
-        if self.seed is not None and not _is_int(self.seed):
-            raise bad("seed", "must be an int or None")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**63):
+            raise bad("seed", "must be None or an int in [0, 2**63)")
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise bad("max_tokens", "must be an int >= 1")
         if not _is_int(self.min_tokens) or self.min_tokens < 0:
             raise bad("min_tokens", "must be an int >= 0")
         if self.min_tokens > self.max_tokens:
             raise bad("min_tokens", f"must be <= max_tokens ({self.max_tokens})")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise bad("stop", f"must hold at most {MAX_STOP_STRINGS} strings")
         if not all(isinstance(s, str) and s for s in self.stop):
             raise bad("stop", "must be non-empty strings")
+        if any(len(s) > MAX_STOP_STRING_CHARS for s in self.stop):
+            raise bad("stop", f"strings must be at most {MAX_STOP_STRING_CHARS} characters")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise bad("stop_token_ids", f"must hold at most {MAX_STOP_TOKEN_IDS} ids")
         if any(t < 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", "must be non-negative ints")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            if value is not None and (not _is_int(value) or value < 0 or value > 20):
-                raise bad(name, "must be None or an int in [0, 20]")
+            if value is not None and (not _is_int(value) or not 0 <= value <= MAX_LOGPROBS):
+                raise bad(name, f"must be None or an int in [0, {MAX_LOGPROBS}]")
 
     @property
     def greedy(self) -> bool:
@@ -89,4 +103,10 @@ def _is_int(value: object) -> bool:
 
 
 def _is_num(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite int or float (NaN and +-inf are refused, bools are not numbers)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False

@@ -28,6 +28,7 @@ from torch.autograd.profiler import record_function
 
 from roseinfer.bench.throughput import random_prompts
 from roseinfer.engine.engine import LLMEngine
+from roseinfer.engine.scheduler import SchedulerOutput
 from roseinfer.sampling_params import SamplingParams
 
 _LABELS = ("gemm", "attention", "kv_write")
@@ -49,14 +50,16 @@ def _timed_step(engine: LLMEngine, acc: dict[str, float]) -> None:
     t = [time.perf_counter()]
     sched = engine.scheduler.schedule()
     t.append(time.perf_counter())
-    logits = engine.runner.execute(sched.scheduled)
+    failed: dict = {}
+    scheduled, logits = engine._execute(sched.scheduled, failed)
     t.append(time.perf_counter())
-    sampled = engine._sample(sched, logits)
-    engine._record_prompt_logprobs(sched, logits)
+    sampled = engine._sample(scheduled, logits, failed)
+    engine._record_prompt_logprobs(scheduled, logits)
+    failed_groups = engine._fail(failed)
     t.append(time.perf_counter())
-    advanced = engine.scheduler.update(sched, sampled)
+    advanced = engine.scheduler.update(SchedulerOutput(scheduled), sampled)
     t.append(time.perf_counter())
-    engine._make_outputs(advanced)
+    engine._make_outputs(advanced, failed_groups)
     t.append(time.perf_counter())
     for name, a, b in zip(("schedule", "runner", "sample", "update", "outputs"), t, t[1:],
                           strict=False):

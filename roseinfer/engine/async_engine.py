@@ -11,10 +11,17 @@ Threading model
   exists, and blocks on the condition when idle (no spinning).
 * Outputs of one step are handed to the event loop in ONE ``call_soon_threadsafe``
   call, which puts each into the ``asyncio.Queue`` of its request's stream.
-* If ``step()`` raises, the traceback is logged, every stream in flight receives
-  an ``EngineStepError``, and all requests are aborted so their blocks return to
-  the pool. If even that fails (or the pool does not come back whole), the engine
-  is marked dead: ``healthy`` turns False and new requests get ``EngineDeadError``.
+* A failure that belongs to one request (``LLMEngine.step`` isolates those: its
+  output then carries ``error``) ends that request's stream with a
+  ``RequestFailedError``; the others carry on.
+* If ``step()`` itself raises, the traceback is logged, every stream in flight
+  receives an ``EngineStepError``, and all requests are aborted so their blocks
+  return to the pool. If even that fails, the pool does not come back whole, or the
+  model cannot run at all (``ModelFailedError``), the engine is marked dead:
+  ``healthy`` turns False and new requests get ``EngineDeadError``.
+* Admission counts sequences (prompts x n): a submission is queued whole or not at
+  all (``QueueFullError``), and one larger than the whole bound is refused
+  (``RequestTooLargeError``).
 
 * While busy, a stats line (running/waiting, KV usage, prompt and generation
   throughput, prefix-cache hit rate) is logged every ``log_stats_interval`` s.
@@ -34,13 +41,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from roseinfer.engine.engine import LLMEngine
+from roseinfer.engine.fault_isolation import ModelFailedError
 from roseinfer.engine.request_stream import (
     EngineDeadError,
     EngineStepError,
     PendingRequest,
     QueueFullError,
+    RequestFailedError,
     RequestRejectedError,
     RequestStream,
+    RequestTooLargeError,
     StepObserver,
     StepTimings,
 )
@@ -150,14 +160,21 @@ class AsyncEngine:
         """Queue already-validated requests; returns their common async stream.
 
         Must be called from the event loop that will consume the stream.
-        Raises ``QueueFullError`` or ``EngineDeadError`` (nothing is queued then).
+        Raises ``QueueFullError``, ``RequestTooLargeError`` or ``EngineDeadError``
+        (nothing is queued then): the sequences of all ``requests`` (n each) must fit
+        in the waiting queue together.
         """
         stream = RequestStream(self, [r.request_id for r in requests], asyncio.get_running_loop())
+        size = sum(r.params.n for r in requests)
+        limit = self.max_waiting_requests
+        if limit is not None and size > limit:
+            raise RequestTooLargeError(
+                f"this request has {size} sequences (prompts x n) but the waiting queue "
+                f"holds at most {limit}")
         with self._cond:
             if self._dead is not None or self._stopping or self._thread is None:
                 raise EngineDeadError("the engine is not running")
-            limit = self.max_waiting_requests
-            if limit is not None and self._num_waiting_locked() >= limit:
+            if limit is not None and self._num_waiting_locked() + size > limit:
                 raise QueueFullError(f"the waiting queue is full ({limit} sequences)")
             self._adds.extend((r, stream) for r in requests)
             self._cond.notify()
@@ -209,6 +226,8 @@ class AsyncEngine:
                     if self.engine.has_unfinished_requests():
                         self._step()
                         self._publish_stats()
+                except ModelFailedError:
+                    raise  # the model cannot run: the loop stops, the engine is dead
                 except Exception as exc:  # a failed step must not take the server down
                     self._on_failure(exc, [stream for _, stream in adds])
                 now = time.monotonic()
@@ -219,7 +238,8 @@ class AsyncEngine:
             logger.exception("engine loop crashed")
             self._dead = exc
         finally:
-            self._fail_all(EngineDeadError("the engine loop has stopped"))
+            why = f": {type(self._dead).__name__}: {self._dead}" if self._dead else ""
+            self._fail_all(EngineDeadError(f"the engine loop has stopped{why}"))
             try:
                 self.engine.abort_all()
             except Exception:
@@ -255,6 +275,10 @@ class AsyncEngine:
         for out in outputs:
             tracked = self._tracked.get(out.request_id)
             if tracked is None:
+                continue
+            if out.error is not None:  # this request alone failed
+                self._tracked.pop(out.request_id, None)
+                items.append((tracked.stream, RequestFailedError(out.error)))
                 continue
             if out.finished:
                 del self._tracked[out.request_id]

@@ -103,14 +103,18 @@ class BlockManager:
         """Block ids of the longest cached prefix of ``request`` (not yet referenced).
 
         At least one token is always left to compute, so the last position has
-        logits: a full hit is cut back by one block.  A request that asks for prompt
-        logprobs gets no hits: every prompt position needs its logits computed.
+        logits: a full hit is cut back by one block.  A sequence that records prompt
+        logprobs takes hits only over positions whose logprobs it already has (after
+        a preemption): every other prompt position needs its logits computed.
         """
-        if not self.enable_prefix_caching or request.params.prompt_logprobs is not None:
+        if not self.enable_prefix_caching:
             return []
         self.update_block_hashes(request)
         bs = self.block_size
         max_blocks = (request.num_tokens - 1) // bs
+        if request.records_prompt_logprobs:
+            # Logits at position p give the entry of position p + 1.
+            max_blocks = min(max_blocks, max(0, request.num_prompt_logprobs - 1) // bs)
         hits: list[int] = []
         parent: int | None = None
         tokens = request.all_token_ids

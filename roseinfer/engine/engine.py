@@ -12,6 +12,7 @@ through the prefix cache; its outputs are grouped back under one request id.
 from __future__ import annotations
 
 import copy
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -21,15 +22,21 @@ from torch import nn
 from roseinfer.config import EngineConfig
 from roseinfer.engine.block_manager import BlockManager
 from roseinfer.engine.detokenizer import IncrementalDetokenizer
+from roseinfer.engine.fault_isolation import describe, run_isolated
+from roseinfer.engine.logprobs import LogprobBuilder, PromptLogprobs
 from roseinfer.engine.request import Request, RequestStatus
-from roseinfer.engine.scheduler import Scheduler, SchedulerOutput
+from roseinfer.engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from roseinfer.engine.stats import EngineStats
+from roseinfer.engine.step_sampler import StepSampler
+from roseinfer.engine.validation import InvalidRequestError, RequestValidator
 from roseinfer.model.config import ModelConfig
-from roseinfer.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from roseinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from roseinfer.runner.model_runner import ModelRunner, StepLogits, kv_bytes_per_block
-from roseinfer.runner.sampler import Sampler, SamplingBatch
+from roseinfer.runner.sampler import Sampler
 from roseinfer.sampling_params import SamplingParams
 from roseinfer.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -52,7 +59,8 @@ class _Group:
     detoks: list[IncrementalDetokenizer | None]
     metrics: RequestMetrics
     texts: list[str] = field(default_factory=list)
-    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    prompt_logprobs: PromptLogprobs | None = None
+    error: str | None = None  # the first failure of one of its sequences
 
 
 class LLMEngine:
@@ -105,6 +113,11 @@ class LLMEngine:
         self.eos_token_ids: tuple[int, ...] = (
             tuple(tokenizer.eos_token_ids) if tokenizer is not None else ()
         ) or tuple(model_config.eos_token_ids)
+        self.validator = RequestValidator(model_config.vocab_size, self.max_model_len,
+                                          tokenizer is not None)
+        self.logprobs = LogprobBuilder(tokenizer)
+        self.step_sampler = StepSampler(self.sampler, self.logprobs, model_config.vocab_size,
+                                        self.device)
         self._groups: dict[str, _Group] = {}
         self._counter = 0
         self.stats = EngineStats(num_total_blocks=num_blocks)
@@ -117,17 +130,19 @@ class LLMEngine:
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise ValueError("this engine has no tokenizer: give the prompt as token ids")
-            ids = self.tokenizer.encode(prompt)
-        else:
-            ids = [int(t) for t in prompt]
-        if not ids:
-            raise ValueError("prompt is empty")
-        vocab = self.model_config.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
-        return ids
+                raise InvalidRequestError(
+                    "this engine has no tokenizer: give the prompt as token ids", "prompt")
+            return self.tokenizer.encode(prompt)
+        return list(prompt)
+
+    def validate_request(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
+        """The prompt's token ids, if the engine can run this request; else
+        ``InvalidRequestError`` naming the field."""
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError("params must be a SamplingParams", "params")
+        prompt_ids = self.encode_prompt(prompt)
+        self.validator.check(prompt_ids, params)
+        return prompt_ids
 
     def add_request(
         self,
@@ -136,33 +151,42 @@ class LLMEngine:
         params: SamplingParams | None = None,
         arrival_time: float | None = None,
     ) -> list[int]:
-        """Queue a request; it joins the batch at the next step. Returns its prompt ids."""
+        """Queue a request; it joins the batch at the next step. Returns its prompt ids.
+
+        Everything is checked before anything is queued (``InvalidRequestError``, a
+        ``ValueError``, names the field): the prompt and ``params`` against the model
+        (``self.validator``) and every sequence id against those in use.
+        """
         params = params or SamplingParams()
         if request_id in self._groups:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        prompt_ids = self.encode_prompt(prompt)
-        if len(prompt_ids) >= self.max_model_len:
-            raise ValueError(
-                f"prompt has {len(prompt_ids)} tokens but max_model_len is {self.max_model_len} "
-                "(the prompt plus at least one generated token must fit)"
-            )
-        if params.stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer")
+            raise InvalidRequestError(f"request id {request_id!r} is already in use",
+                                      "request_id")
+        prompt_ids = self.validate_request(prompt, params)
+        child_ids = [request_id] if params.n == 1 else [f"{request_id}#{i}"
+                                                         for i in range(params.n)]
+        taken = next((c for c in child_ids if c in self.scheduler.requests), None)
+        if taken is not None:
+            raise InvalidRequestError(f"sequence id {taken!r} (of request {request_id!r}) is "
+                                      "already in use", "request_id")
         arrival = arrival_time if arrival_time is not None else time.monotonic()
         children: list[Request] = []
         detoks: list[IncrementalDetokenizer | None] = []
-        for i in range(params.n):
+        for i, child_id in enumerate(child_ids):
             gen = None
             if params.seed is not None:
                 gen = torch.Generator(device=self.device)
                 gen.manual_seed(params.seed + i)
-            child_id = request_id if params.n == 1 else f"{request_id}#{i}"
-            children.append(Request(child_id, prompt_ids, params, self.eos_token_ids, arrival, gen,
-                                    group_id=request_id))
+            child = Request(child_id, prompt_ids, params, self.eos_token_ids, arrival, gen,
+                            group_id=request_id)
+            if i == 0 and params.prompt_logprobs is not None:
+                child.records_prompt_logprobs = True
+                child.num_prompt_logprobs = 1  # position 0 has no logprob
+            children.append(child)
             detoks.append(
                 IncrementalDetokenizer(self.tokenizer, prompt_ids, params.stop,
                                        params.include_stop_str_in_output,
-                                       params.skip_special_tokens)
+                                       params.skip_special_tokens,
+                                       min_tokens=params.min_tokens)
                 if self.tokenizer is not None else None
             )
         for child in children:
@@ -201,7 +225,14 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ step
     def step(self) -> list[RequestOutput]:
-        """Run one scheduler iteration; return outputs of requests that changed."""
+        """Run one scheduler iteration; return outputs of requests that changed.
+
+        A failure that belongs to a request (its chunk makes the forward raise, its
+        logits row is not finite, nothing can be sampled for it, its detokenizer
+        raises) fails that request alone, with finish reason ``"error"``; the other
+        requests of the step carry on unchanged. ``ModelFailedError`` means the model
+        cannot run at all.
+        """
         sched = self.scheduler.schedule()
         self.stats.num_preemptions += len(sched.preempted)
         if sched.is_empty:
@@ -212,103 +243,80 @@ class LLMEngine:
             group = self._groups.get(_group_id(s.request))
             if group is not None and group.metrics.first_scheduled_time is None:
                 group.metrics.first_scheduled_time = now
-        logits = self.runner.execute(sched.scheduled)
-        sampled = self._sample(sched, logits)
-        self._record_prompt_logprobs(sched, logits)
-        advanced = self.scheduler.update(sched, sampled)
+        failed: dict[Request, str] = {}
+        scheduled, logits = self._execute(sched.scheduled, failed)
+        sampled = self._sample(scheduled, logits, failed)
+        self._record_prompt_logprobs(scheduled, logits)
+        failed_groups = self._fail(failed)
+        advanced = self.scheduler.update(SchedulerOutput(scheduled), sampled)
         self.stats.generation_tokens_total += len(advanced)
-        return self._make_outputs(advanced)
+        return self._make_outputs(advanced, failed_groups)
 
-    def _sample(self, sched: SchedulerOutput, logits: StepLogits) -> list[int | None]:
-        completing = [s.request for s in sched.scheduled if s.completes]
-        result: list[int | None] = [None] * len(sched.scheduled)
-        if not completing:
-            return result
-        suppress = [
-            list(r.eos_token_ids if not r.params.ignore_eos else ()) + list(r.params.stop_token_ids)
-            if r.num_output_tokens < r.params.min_tokens else []
-            for r in completing
-        ]
-        batch = SamplingBatch.from_requests(
-            [r.params for r in completing], [r.prompt_token_ids for r in completing],
-            [r.output_token_ids for r in completing], [r.generator for r in completing],
-            suppress, self.model_config.vocab_size, self.device,
-        )
-        out = self.sampler(logits.sample_logits, batch)
-        tokens = out.token_ids.tolist()
-        lps = out.logprobs.tolist() if out.logprobs is not None else None
-        tops = None
-        if out.top_logprobs is not None:
-            tops = (out.top_logprobs[0].tolist(), out.top_logprobs[1].tolist())
-        for k, req in enumerate(completing):
-            if req.params.logprobs is not None and lps is not None:
-                n = req.params.logprobs
-                top = list(zip(tops[0][k][:n], tops[1][k][:n], strict=True)) if tops else []
-                req.output_logprobs.append(self._logprob_entry(tokens[k], lps[k], top))
-                req.cumulative_logprob += lps[k]
-        it = iter(tokens)
-        for i, s in enumerate(sched.scheduled):
-            if s.completes:
-                result[i] = next(it)
-        return result
+    def _execute(self, scheduled: list[ScheduledRequest], failed: dict[Request, str]
+                 ) -> tuple[list[ScheduledRequest], StepLogits | None]:
+        """The forward of the step; requests whose chunk makes it raise go to ``failed``."""
+        ran, logits, errors = run_isolated(self.runner.execute, scheduled, self.block_manager)
+        for i, why in errors.items():
+            failed[scheduled[i].request] = f"the model failed on this request: {why}"
+        return ran, logits
 
-    def _record_prompt_logprobs(self, sched: SchedulerOutput, logits: StepLogits) -> None:
+    def _sample(self, scheduled: list[ScheduledRequest], logits: StepLogits | None,
+                failed: dict[Request, str]) -> list[int | None]:
+        return self.step_sampler.sample(scheduled, logits, failed)
+
+    def _record_prompt_logprobs(self, scheduled: list[ScheduledRequest],
+                                logits: StepLogits | None) -> None:
+        if logits is None:
+            return
         for i, chunk_logits in logits.prompt_logits.items():
-            req = sched.scheduled[i].request
+            req = scheduled[i].request
             group = self._groups.get(_group_id(req))
-            if group is None or group.prompt_logprobs is None or req is not group.children[0]:
-                continue
-            start = req.num_computed_tokens
-            targets = req.all_token_ids[start + 1:start + 1 + chunk_logits.shape[0]]
-            targets = targets[: max(0, req.num_prompt_tokens - start - 1)]
-            if not targets:
-                continue
-            lp = torch.log_softmax(chunk_logits[: len(targets)], dim=-1)  # [n, V]
-            tgt = torch.tensor(targets, device=lp.device)
-            chosen = lp.gather(1, tgt[:, None])[:, 0].tolist()
-            ranks = (lp > lp.gather(1, tgt[:, None])).sum(-1).add(1).tolist()
-            n = req.params.prompt_logprobs or 0
-            top_v, top_i = lp.topk(n, dim=-1) if n else (None, None)
-            for j, tok in enumerate(targets):
-                entry = {tok: Logprob(chosen[j], ranks[j], self._piece(tok))}
-                if n:
-                    for r, (tid, v) in enumerate(zip(top_i[j].tolist(), top_v[j].tolist(),
-                                                     strict=True)):
-                        entry.setdefault(tid, Logprob(v, r + 1, self._piece(tid)))
-                group.prompt_logprobs.append(entry)
+            if group is not None and group.prompt_logprobs is not None:
+                self.logprobs.record_prompt(req, chunk_logits, group.prompt_logprobs)
 
-    def _piece(self, token_id: int) -> str | None:
-        if self.tokenizer is None:
-            return None
-        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+    def _fail(self, failed: dict[Request, str]) -> set[str]:
+        """Finish every sequence of each failed request with ``"error"``; its blocks are
+        freed at once. Returns the ids of the failed requests."""
+        gids: set[str] = set()
+        for req, why in failed.items():
+            group = self._groups.get(_group_id(req))
+            if group is None:
+                continue
+            logger.warning("request %s failed: %s", group.request_id, why)
+            group.error = group.error or why
+            gids.add(group.request_id)
+            for child in group.children:
+                if not child.is_finished:
+                    self.scheduler.finish_request(child, RequestStatus.FINISHED_ERROR)
+                    child.error = why
+        return gids
 
-    def _make_outputs(self, advanced: list[Request]) -> list[RequestOutput]:
+    def _make_outputs(self, advanced: list[Request],
+                      failed_groups: set[str] = frozenset()) -> list[RequestOutput]:
         now = time.monotonic()
-        touched: dict[str, dict[int, tuple[str, int]]] = {}
+        touched: dict[str, dict[int, tuple[str, int | None]]] = {gid: {} for gid in failed_groups}
+        late_failures: dict[Request, str] = {}
         for req in advanced:
             gid = _group_id(req)
             group = self._groups.get(gid)
             if group is None:
                 continue
             index = group.children.index(req) if len(group.children) > 1 else 0
-            delta = ""
-            detok = group.detoks[index]
-            if detok is not None:
-                upd = detok.add_tokens([req.output_token_ids[-1]])
-                delta = upd.delta
-                if upd.stop_matched is not None and not req.is_finished:
-                    self.scheduler.finish_request(req, RequestStatus.FINISHED_STOPPED)
-                    req.stop_reason = upd.stop_matched
-                elif req.is_finished:
-                    delta += detok.finish()
+            try:
+                delta = self._detokenize(req, group.detoks[index])
+            except Exception as exc:  # noqa: BLE001 - this request alone fails
+                late_failures[req] = f"detokenizing failed: {describe(exc)}"
+                delta = ""
             group.texts[index] += delta
             if req.first_token_time is None:
                 req.first_token_time = now
             touched.setdefault(gid, {})[index] = (delta, req.output_token_ids[-1])
+        for gid in self._fail(late_failures):
+            touched.setdefault(gid, {})
         outputs = []
         for gid, deltas in touched.items():
             group = self._groups[gid]
-            if group.metrics.first_token_time is None:
+            if group.metrics.first_token_time is None and deltas:
                 group.metrics.first_token_time = now
             finished = all(c.is_finished for c in group.children)
             outputs.append(self._group_output(group, deltas, finished, now))
@@ -317,6 +325,28 @@ class LLMEngine:
                 for c in group.children:
                     self.stats.record_finish(c.finish_reason or "abort")
         return outputs
+
+    def _detokenize(self, req: Request, detok: IncrementalDetokenizer | None) -> str:
+        """The text delta of the request's new token, applying vLLM's stop rules: the
+        text of a stop token id / EOS that ended the sequence is left out (unless
+        ``include_stop_str_in_output``), and a stop string ends it with ``"stop"`` even
+        on the last allowed token."""
+        if detok is None:
+            return ""
+        stopped_by_token = req.status is RequestStatus.FINISHED_STOPPED
+        delta, matched = "", None
+        if not stopped_by_token or req.params.include_stop_str_in_output:
+            upd = detok.add_tokens([req.output_token_ids[-1]])
+            delta, matched = upd.delta, upd.stop_matched
+        if matched is not None:
+            if req.is_finished:  # by length, or by a stop id whose text is kept
+                req.status = RequestStatus.FINISHED_STOPPED
+            else:
+                self.scheduler.finish_request(req, RequestStatus.FINISHED_STOPPED)
+            req.stop_reason = matched
+        elif req.is_finished:
+            delta += detok.finish()
+        return delta
 
     def _group_output(self, group: _Group, deltas: dict[int, tuple[str, int]],
                       finished: bool, now: float) -> RequestOutput:
@@ -343,17 +373,8 @@ class LLMEngine:
             request_id=group.request_id, prompt=group.prompt,
             prompt_token_ids=group.prompt_token_ids, outputs=outs, finished=finished,
             num_cached_tokens=group.children[0].num_cached_tokens, metrics=group.metrics,
-            prompt_logprobs=group.prompt_logprobs,
+            prompt_logprobs=group.prompt_logprobs, error=group.error,
         )
-
-    def _logprob_entry(self, token_id: int, logprob: float,
-                       top: list[tuple[int, float]]) -> dict[int, Logprob]:
-        """The sampled token's Logprob plus the top-N alternatives, keyed by token id."""
-        rank_of = {tid: r + 1 for r, (tid, _) in enumerate(top)}
-        entry = {token_id: Logprob(logprob, rank_of.get(token_id), self._piece(token_id))}
-        for r, (tid, v) in enumerate(top):
-            entry.setdefault(tid, Logprob(v, r + 1, self._piece(tid)))
-        return entry
 
     def get_stats(self) -> EngineStats:
         """A snapshot of the counters and gauges (a copy: safe to hand to another thread)."""

@@ -25,6 +25,7 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "stop"
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
+    FINISHED_ERROR = "error"  # failed while stepping (alone: the others go on)
 
     @property
     def is_finished(self) -> bool:
@@ -32,6 +33,7 @@ class RequestStatus(enum.Enum):
             RequestStatus.FINISHED_STOPPED,
             RequestStatus.FINISHED_LENGTH,
             RequestStatus.FINISHED_ABORTED,
+            RequestStatus.FINISHED_ERROR,
         )
 
 
@@ -55,6 +57,12 @@ class Request:
     num_offered_blocks: int = 0  # leading full blocks already offered to the prefix cache
     num_preemptions: int = 0
     stop_reason: str | int | None = None  # matched stop string or stop token id
+    error: str | None = None  # why the request failed (status FINISHED_ERROR)
+    # Prompt logprobs: recorded by one sequence of a request (the first of n); entries
+    # exist for prompt positions [0, num_prompt_logprobs), so a recompute after
+    # preemption may take prefix-cache hits below that and computes each position once.
+    records_prompt_logprobs: bool = False
+    num_prompt_logprobs: int = 0
     # Per generated token (when params.logprobs is set): token id -> Logprob.
     output_logprobs: list[dict[int, Logprob]] = field(default_factory=list)
     cumulative_logprob: float = 0.0

@@ -36,6 +36,14 @@ class RequestRejectedError(ValueError):
     """The engine refused a request that passed the handler's validation."""
 
 
+class RequestTooLargeError(RequestRejectedError):
+    """The request alone has more sequences (prompts x n) than the waiting queue holds."""
+
+
+class RequestFailedError(RuntimeError):
+    """This request failed while the engine stepped it (the others carry on)."""
+
+
 @dataclass(frozen=True, slots=True)
 class PendingRequest:
     request_id: str

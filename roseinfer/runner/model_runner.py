@@ -81,7 +81,7 @@ class ModelRunner:
         prompt_logits: dict[int, torch.Tensor] = {}
         for i, s in enumerate(scheduled):
             req = s.request
-            if req.params.prompt_logprobs is None or req.num_computed_tokens >= req.num_prompt_tokens:
+            if not req.records_prompt_logprobs or req.num_computed_tokens >= req.num_prompt_tokens:
                 continue
             end = int(meta.logits_indices[position_of[i]]) + 1
             prompt_logits[i] = self.model.compute_logits(hidden[end - s.num_new_tokens:end])

@@ -22,6 +22,11 @@ Processing order (vLLM / HF / OpenAI conventions):
 
 Logprobs are always those of the raw model distribution (``log_softmax`` of the
 logits passed in), as vLLM reports them by default.
+
+A row that cannot be sampled — every token masked, or a distribution that is not
+finite (NaN / inf after penalties or temperature) — is flagged in
+``SamplerOutput.valid`` instead of yielding a token; token ids are always inside
+``[0, V)``. The engine fails that row's request alone.
 """
 
 from __future__ import annotations
@@ -153,9 +158,10 @@ class SamplingBatch:
 
 @dataclass(slots=True)
 class SamplerOutput:
-    token_ids: Tensor  # [B] int64
+    token_ids: Tensor  # [B] int64, always in [0, V)
     logprobs: Tensor | None  # [B] float32 raw logprob of the sampled token
     top_logprobs: tuple[Tensor, Tensor] | None  # ([B, N] int64 ids, [B, N] float32), raw
+    valid: Tensor | None = None  # [B] bool: False = nothing could be sampled; None = all valid
 
 
 class Sampler:
@@ -196,10 +202,13 @@ class Sampler:
 
         if batch.all_greedy:
             token_ids = x.argmax(dim=-1)
+            valid = _finite_at(x, token_ids)
         else:
-            token_ids = self._sample(x, batch)
+            token_ids, valid = self._sample(x, batch)
             if batch.any_greedy:
-                token_ids = torch.where(batch.greedy, x.argmax(dim=-1), token_ids)
+                greedy_ids = x.argmax(dim=-1)
+                token_ids = torch.where(batch.greedy, greedy_ids, token_ids)
+                valid = torch.where(batch.greedy, _finite_at(x, greedy_ids), valid)
 
         logprobs = top = None
         if batch.max_num_logprobs is not None:
@@ -208,9 +217,9 @@ class Sampler:
             if batch.max_num_logprobs > 0:
                 values, ids = raw.topk(min(batch.max_num_logprobs, raw.shape[1]), dim=-1)
                 top = (ids, values)  # [B, N] each
-        return SamplerOutput(token_ids, logprobs, top)
+        return SamplerOutput(token_ids, logprobs, top, valid)
 
-    def _sample(self, x: Tensor, batch: SamplingBatch) -> Tensor:
+    def _sample(self, x: Tensor, batch: SamplingBatch) -> tuple[Tensor, Tensor]:
         """Temperature, top-k/top-p/min-p, then one inverse-CDF draw per row. x: [B, V]."""
         x = x / batch.temperature.unsqueeze(1)
         if batch.any_topk or batch.any_topp:
@@ -223,7 +232,7 @@ class Sampler:
             x = apply_min_p(x, batch.min_p)
         probs = torch.softmax(x, dim=-1)  # [B, V]
         u = uniform_draws(probs, batch.generators, batch.seeded_rows, self.generator)  # [B]
-        return sample_inverse_cdf(probs, u)
+        return sample_inverse_cdf(probs, u, with_validity=True)
 
 
 def apply_penalties(
@@ -298,7 +307,13 @@ def uniform_draws(
     return u
 
 
-def sample_inverse_cdf(probs: Tensor, u: Tensor, chunk: int = 1024) -> Tensor:
+def _finite_at(x: Tensor, ids: Tensor) -> Tensor:
+    """[B] bool: the chosen entry of each row of x [B, V] is finite (not -inf / NaN)."""
+    return torch.isfinite(x.gather(1, ids.unsqueeze(1)).squeeze(1))
+
+
+def sample_inverse_cdf(probs: Tensor, u: Tensor, chunk: int = 1024,
+                       with_validity: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """Token per row whose CDF interval holds u: probs [B, V] (rows sum to ~1), u [B].
 
     Picks the first index whose running sum exceeds u * total, in two levels: the
@@ -308,6 +323,10 @@ def sample_inverse_cdf(probs: Tensor, u: Tensor, chunk: int = 1024) -> Tensor:
     zero-probability token (masked by top-k/top-p/min-p, or padding) has an empty
     interval and is never picked, rounding included.  One uniform per row replaces
     V exponential draws (~1 ms per row at V = 49k).
+
+    A row whose total is not a positive finite number (all zero, NaN, inf) cannot
+    be sampled: its id is still clamped into ``[0, V)``, and ``with_validity=True``
+    also returns the [B] bool mask of rows that were sampled properly.
     """
     b, v = probs.shape
     n = -(-v // chunk)
@@ -326,7 +345,11 @@ def sample_inverse_cdf(probs: Tensor, u: Tensor, chunk: int = 1024) -> Tensor:
     rest = (target - before).clamp(min=0.0).unsqueeze(1)  # [B, 1]
     j = torch.searchsorted(inner, rest, right=True).squeeze(1)  # [B]
     j = torch.minimum(j, _last_nonzero(block))  # rounding past the chunk's own sum
-    return k * chunk + j
+    ids = (k * chunk + j).clamp_(0, v - 1)
+    if not with_validity:
+        return ids
+    total = cdf[:, -1]
+    return ids, torch.isfinite(total) & (total > 0)
 
 
 def _last_nonzero(x: Tensor) -> Tensor:

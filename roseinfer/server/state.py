@@ -18,9 +18,12 @@ from roseinfer.engine.request_stream import (
     EngineStepError,
     PendingRequest,
     QueueFullError,
+    RequestFailedError,
     RequestRejectedError,
     RequestStream,
+    RequestTooLargeError,
 )
+from roseinfer.engine.validation import InvalidRequestError, RequestValidator
 from roseinfer.outputs import RequestOutput
 from roseinfer.sampling_params import SamplingParams
 from roseinfer.server.errors import APIError, bad_request
@@ -98,14 +101,27 @@ class ServerState:
             raise bad_request(f"the chat template rejected the messages: {exc}",
                               "messages") from exc
 
+    @property
+    def validator(self) -> RequestValidator:
+        """The engine's own checks (vocabulary, context, tokenizer); immutable, so
+        handlers may call it off the engine thread."""
+        return self.engine.engine.validator
+
+    def check_params(self, params: SamplingParams) -> None:
+        """What SamplingParams cannot check alone (e.g. stop ids inside the vocabulary)."""
+        try:
+            self.validator.check_params(params)
+        except InvalidRequestError as exc:
+            raise bad_request(str(exc), exc.param) from exc
+
     def check_prompt(self, ids: list[int], max_tokens: int | None, param: str) -> int:
         """Validate prompt ids; returns max_tokens (default: what fits)."""
         if not ids:
             raise bad_request("the prompt is empty", param)
-        vocab = self.engine.engine.model_config.vocab_size
-        bad = next((t for t in ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise bad_request(f"token id {bad} is outside the vocabulary [0, {vocab})", param)
+        try:
+            self.validator.check_token_ids(ids, param)
+        except InvalidRequestError as exc:
+            raise bad_request(str(exc), param) from exc
         limit = self.max_model_len
         if max_tokens is None:
             max_tokens = limit - len(ids)
@@ -122,8 +138,12 @@ class ServerState:
 
     # ------------------------------------------------------------- submit
     def submit(self, requests: Sequence[PendingRequest]) -> RequestStream:
+        for r in requests:
+            self.check_params(r.params)
         try:
             return self.engine.add_requests(requests)
+        except RequestTooLargeError as exc:
+            raise bad_request(str(exc), "n") from exc
         except QueueFullError as exc:
             raise APIError(503, f"The server is overloaded: {exc}. Retry later.",
                            code="queue_full",
@@ -154,6 +174,8 @@ def engine_error(exc: BaseException) -> APIError:
         return bad_request(str(exc))
     if isinstance(exc, EngineDeadError):
         return APIError(503, f"The engine is not available: {exc}", code="engine_unavailable")
+    if isinstance(exc, RequestFailedError):  # this request alone; the server goes on
+        return APIError(500, f"The request failed in the engine: {exc}", code="request_failed")
     return APIError(500, f"The request failed in the engine: {exc}", code="engine_error")
 
 
@@ -171,7 +193,7 @@ async def collect(stream: RequestStream, request: Request) -> dict[str, RequestO
         return await until_disconnect(consume(), request.receive, stream.abort)
     except ClientDisconnectedError as exc:
         raise APIError(499, "client disconnected", code="client_closed_request") from exc
-    except (EngineStepError, EngineDeadError, RequestRejectedError) as exc:
+    except (EngineStepError, EngineDeadError, RequestRejectedError, RequestFailedError) as exc:
         raise engine_error(exc) from exc
     finally:
         stream.abort()

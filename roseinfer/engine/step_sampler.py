@@ -1,0 +1,104 @@
+"""StepSampler: one token per request whose chunk completed, with per-row failures.
+
+The engine hands it the step's completing chunks and their logits; it samples them
+as one batch. A row that cannot yield a token — logits that are NaN / +inf, every
+token masked, or sampling code that raises for that row (the batch is then retried
+row by row) — is reported in ``failed`` with the reason, and only that request fails.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from roseinfer.engine.fault_isolation import describe
+from roseinfer.engine.logprobs import LogprobBuilder
+from roseinfer.engine.request import Request
+from roseinfer.engine.scheduler import ScheduledRequest
+from roseinfer.runner.model_runner import StepLogits
+from roseinfer.runner.sampler import Sampler, SamplerOutput, SamplingBatch
+
+logger = logging.getLogger(__name__)
+
+
+class StepSampler:
+    def __init__(self, sampler: Sampler, logprobs: LogprobBuilder, vocab_size: int,
+                 device: torch.device) -> None:
+        self.sampler = sampler
+        self.logprobs = logprobs
+        self.vocab_size = vocab_size
+        self.device = device
+
+    def sample(self, scheduled: list[ScheduledRequest], logits: StepLogits | None,
+               failed: dict[Request, str]) -> list[int | None]:
+        """One token per chunk that completes its request (None for the others)."""
+        result: list[int | None] = [None] * len(scheduled)
+        rows = [i for i, s in enumerate(scheduled) if s.completes]
+        if not rows or logits is None:
+            return result
+        x = logits.sample_logits  # [N, V], one row per completing chunk
+        finite = (x < float("inf")).all(dim=-1).tolist()  # NaN / +inf rows cannot be sampled
+        keep = [k for k, ok in enumerate(finite) if ok]
+        for k, ok in enumerate(finite):
+            if not ok:
+                failed[scheduled[rows[k]].request] = "the model produced non-finite logits"
+        if not keep:
+            return result
+        if len(keep) < len(rows):
+            x = x[keep]
+        requests = [scheduled[rows[k]].request for k in keep]
+        try:
+            tokens = self._sample_rows(x, requests)
+        except Exception:  # noqa: BLE001 - retried row by row: only culprits fail
+            logger.exception("sampling failed for a batch of %d; retrying row by row",
+                             len(requests))
+            tokens = []
+            for j, req in enumerate(requests):
+                try:
+                    tokens += self._sample_rows(x[j:j + 1], [req])
+                except Exception as exc:  # noqa: BLE001
+                    failed[req] = f"sampling failed: {describe(exc)}"
+                    tokens.append(None)
+        for k, token in zip(keep, tokens, strict=True):
+            if token is None:
+                failed.setdefault(scheduled[rows[k]].request,
+                                  "no token can be sampled: every token is masked or the "
+                                  "distribution is not finite")
+            else:
+                result[rows[k]] = token
+        return result
+
+    def _sample_rows(self, logits: torch.Tensor, requests: list[Request]) -> list[int | None]:
+        """Sample one token per row; None where the row had nothing to sample."""
+        suppress = [
+            list(r.eos_token_ids if not r.params.ignore_eos else ()) + list(r.params.stop_token_ids)
+            if r.num_output_tokens < r.params.min_tokens else []
+            for r in requests
+        ]
+        batch = SamplingBatch.from_requests(
+            [r.params for r in requests], [r.prompt_token_ids for r in requests],
+            [r.output_token_ids for r in requests], [r.generator for r in requests],
+            suppress, self.vocab_size, self.device,
+        )
+        out = self.sampler(logits, batch)
+        tokens: list[int | None] = list(out.token_ids.tolist())
+        valid = out.valid.tolist() if out.valid is not None else [True] * len(tokens)
+        self._add_sampled_logprobs(out, requests, tokens, valid)
+        return [t if ok else None for t, ok in zip(tokens, valid, strict=True)]
+
+    def _add_sampled_logprobs(self, out: SamplerOutput, requests: list[Request],
+                              tokens: list[int | None], valid: list[bool]) -> None:
+        if out.logprobs is None:
+            return
+        lps = out.logprobs.tolist()
+        tops = None
+        if out.top_logprobs is not None:
+            tops = (out.top_logprobs[0].tolist(), out.top_logprobs[1].tolist())
+        for k, req in enumerate(requests):
+            if req.params.logprobs is None or not valid[k]:
+                continue
+            n = req.params.logprobs
+            top = list(zip(tops[0][k][:n], tops[1][k][:n], strict=True)) if tops else []
+            req.output_logprobs.append(self.logprobs.sampled_entry(tokens[k], lps[k], top))
+            req.cumulative_logprob += lps[k]
