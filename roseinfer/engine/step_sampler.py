@@ -4,6 +4,8 @@ The engine hands it the step's completing chunks and their logits; it samples th
 as one batch. A row that cannot yield a token — logits that are NaN / +inf, every
 token masked, or sampling code that raises for that row (the batch is then retried
 row by row) — is reported in ``failed`` with the reason, and only that request fails.
+The sampler flags such rows itself (``SamplerOutput.valid``, from values it computes
+anyway), so healthy steps pay no extra pass over the logits.
 """
 
 from __future__ import annotations
@@ -38,16 +40,7 @@ class StepSampler:
         if not rows or logits is None:
             return result
         x = logits.sample_logits  # [N, V], one row per completing chunk
-        finite = (x < float("inf")).all(dim=-1).tolist()  # NaN / +inf rows cannot be sampled
-        keep = [k for k, ok in enumerate(finite) if ok]
-        for k, ok in enumerate(finite):
-            if not ok:
-                failed[scheduled[rows[k]].request] = "the model produced non-finite logits"
-        if not keep:
-            return result
-        if len(keep) < len(rows):
-            x = x[keep]
-        requests = [scheduled[rows[k]].request for k in keep]
+        requests = [scheduled[i].request for i in rows]
         try:
             tokens = self._sample_rows(x, requests)
         except Exception:  # noqa: BLE001 - retried row by row: only culprits fail
@@ -60,13 +53,15 @@ class StepSampler:
                 except Exception as exc:  # noqa: BLE001
                     failed[req] = f"sampling failed: {describe(exc)}"
                     tokens.append(None)
-        for k, token in zip(keep, tokens, strict=True):
-            if token is None:
-                failed.setdefault(scheduled[rows[k]].request,
-                                  "no token can be sampled: every token is masked or the "
-                                  "distribution is not finite")
-            else:
+        for k, token in enumerate(tokens):
+            if token is not None:
                 result[rows[k]] = token
+            elif requests[k] not in failed:  # the sampler flagged the row (rare: check why)
+                failed[requests[k]] = (
+                    "the model produced non-finite logits (NaN or inf)"
+                    if not bool(torch.isfinite(x[k]).all()) else
+                    "no token can be sampled: every token is masked or the distribution "
+                    "is not finite")
         return result
 
     def _sample_rows(self, logits: torch.Tensor, requests: list[Request]) -> list[int | None]:

@@ -183,7 +183,8 @@ class Sampler:
         logits = logits.float()  # no copy when already float32
         plain = not (batch.any_penalty or batch.any_suppress)
         if batch.all_greedy and plain and batch.max_num_logprobs is None:
-            return SamplerOutput(logits.argmax(dim=-1), None, None)
+            token_ids = logits.argmax(dim=-1)  # a NaN / +inf row picks a non-finite entry
+            return SamplerOutput(token_ids, None, None, _finite_at(logits, token_ids))
 
         # Out-of-place below: the caller's logits are never modified.
         x = logits  # [B, V]

@@ -345,3 +345,28 @@ def test_inverse_cdf_matches_probabilities(chunk: int) -> None:
     freq = torch.bincount(picks, minlength=10).double() / draws
     assert freq[probs[0] == 0].sum() == 0
     torch.testing.assert_close(freq, probs[0].double(), atol=0.015, rtol=0)
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.0),  # greedy fast path
+    SamplingParams(temperature=0.0, repetition_penalty=1.3, logprobs=2),  # greedy, processed
+    SamplingParams(temperature=0.8, seed=3),
+    SamplingParams(temperature=0.8, top_k=5, top_p=0.9, min_p=0.05),
+])
+@pytest.mark.parametrize("bad", ["nan", "inf", "all_masked"])
+def test_unsampleable_row_is_flagged_and_ids_stay_in_vocab(params, bad) -> None:  # noqa: ANN001
+    v = 1000  # not a multiple of the inverse-CDF chunk
+    logits = torch.randn(3, v, generator=gen(0))
+    suppress: list[list[int]] = [[], [], []]
+    if bad == "nan":
+        logits[1, 7] = float("nan")
+    elif bad == "inf":
+        logits[1, 7] = float("inf")
+    else:
+        suppress[1] = list(range(v))
+    batch = SamplingBatch.from_requests([params] * 3, [[1, 2]] * 3, [[3]] * 3,
+                                        [None] * 3, suppress, v, torch.device("cpu"))
+    out = Sampler(gen(1))(logits, batch)
+    ids = out.token_ids.tolist()
+    assert all(0 <= t < v for t in ids)
+    assert out.valid is not None and out.valid.tolist() == [True, False, True]
