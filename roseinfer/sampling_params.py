@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
+
+from roseinfer.engine.stop_strings import StopStrings
 
 # Documented bounds (README "Limits"); the HTTP layer uses the same numbers.
 MAX_N = 64  # sequences per prompt
@@ -92,6 +95,12 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or not 0 <= value <= MAX_LOGPROBS):
                 raise bad(name, f"must be None or an int in [0, {MAX_LOGPROBS}]")
+
+    @cached_property
+    def stop_strings(self) -> StopStrings:
+        """``stop`` compiled for matching (linear in its length); built once per params
+        object, by the first caller: the server's validation, before queueing."""
+        return StopStrings.compile(self.stop)
 
     @property
     def greedy(self) -> bool:

@@ -15,15 +15,26 @@ they arrive. It works in two layers:
    O(sequence length). The window is seeded with the prompt's last few tokens
    so the first generated token's leading space is right.
 
-2. **Stop strings.** The decoded text is scanned for stop strings; only the
-   new text plus the held-back tail (at most ``max_stop_len - 1`` characters)
-   is searched. The longest tail that is a prefix of some stop string is held
-   back, so no part of a stop string ever leaks into a delta; it is released
-   when later text rules the stop out, or by :meth:`IncrementalDetokenizer.finish`.
+2. **Stop strings** (:mod:`roseinfer.engine.stop_strings`). Every newly
+   decoded character is fed once to a streaming KMP matcher (amortised
+   O(#stop strings) per character; compiling the stop strings is linear in
+   their total length and the compiled :class:`StopStrings` can be shared by
+   all sequences of a request). The longest tail that is a proper prefix of
+   some stop string (the longest current partial match) is held back, so no
+   part of a stop string ever leaks into a delta; it is released when later
+   text rules the stop out, or by :meth:`IncrementalDetokenizer.finish`.
    When several stop strings occur, the one whose occurrence *completes* first
    wins (ties: the one starting first) -- this is exactly what token-by-token
    streaming observes, so the result does not depend on how tokens are grouped
    into :meth:`IncrementalDetokenizer.add_tokens` calls.
+
+   ``min_tokens`` (vLLM semantics): an occurrence only counts if its last
+   character was produced while adding generated token number k (1-based,
+   each id passed to ``add_tokens`` counts one) with ``k > min_tokens``;
+   text released by :meth:`IncrementalDetokenizer.finish` counts as produced
+   by the last token added. Earlier occurrences are ignored and emitted as
+   normal text; a stop string that starts within the first ``min_tokens``
+   tokens and completes later does count (hold-back runs from the start).
 
 The tokenizer only needs ``decode(ids, skip_special_tokens=...) -> str`` (our
 ``roseinfer.tokenizer.Tokenizer`` wrapper and transformers tokenizers both
@@ -31,7 +42,7 @@ qualify).
 
 Invariant: the concatenation of every delta (plus :meth:`finish`) equals
 ``text``, which equals ``tokenizer.decode(generated_ids)`` truncated at the
-matched stop string (before it, or after it with
+first qualifying stop string occurrence (before it, or after it with
 ``include_stop_str_in_output``). A window decode can only diverge from the
 full decode for tokenizers whose decode is not a concatenation of per-token
 bytes (e.g. sentencepiece stripping a leading space, where the window version
@@ -44,9 +55,12 @@ keeps growing until it ends cleanly.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+from roseinfer.engine.stop_strings import StopMatcher, StopStrings
 
 __all__ = ["DetokenizerUpdate", "IncrementalDetokenizer"]
 
@@ -82,30 +96,37 @@ class IncrementalDetokenizer:
     Args:
         tokenizer: anything with ``decode(ids, skip_special_tokens=...)``.
         prompt_token_ids: the prompt; its last few tokens seed the window.
-        stop: stop strings (empty strings are ignored).
+        stop: stop strings (empty strings are ignored), or a compiled
+            :class:`StopStrings` (may be shared between sequences).
         include_stop_str_in_output: keep the matched stop string in the text.
         skip_special_tokens: passed through to ``decode``.
+        min_tokens: stop strings completing within the first ``min_tokens``
+            generated tokens are ignored (see the module docstring).
     """
 
     def __init__(
         self,
         tokenizer: _Decoder,
         prompt_token_ids: Sequence[int],
-        stop: Sequence[str] = (),
+        stop: Sequence[str] | StopStrings = (),
         include_stop_str_in_output: bool = False,
         skip_special_tokens: bool = True,
+        min_tokens: int = 0,
     ) -> None:
+        if min_tokens < 0:
+            raise ValueError(f"min_tokens must be >= 0, got {min_tokens}")
         self._tokenizer = tokenizer
         self._skip_special_tokens = skip_special_tokens
         self._include_stop = include_stop_str_in_output
+        self._min_tokens = min_tokens
 
-        # De-duplicated, non-empty stop strings in their given order.
-        self._stops: tuple[str, ...] = tuple(dict.fromkeys(s for s in stop if s))
-        self._max_stop_len = max((len(s) for s in self._stops), default=0)
-        # Every proper prefix of every stop string (hold-back candidates).
-        self._stop_prefixes: frozenset[str] = frozenset(
-            s[:i] for s in self._stops for i in range(1, len(s))
-        )
+        self._stops = StopStrings.compile(stop)
+        self._matcher: StopMatcher | None = self._stops.matcher() if self._stops else None
+        # Decoded text held back as a possible stop prefix: chunks, of which
+        # the first ``_held_off`` chars of ``_held[0]`` are already released.
+        self._held: deque[str] = deque()
+        self._held_off = 0
+        self._held_len = 0
 
         context = [int(t) for t in prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:]]
         context_text = self._decode(context)
@@ -123,13 +144,24 @@ class IncrementalDetokenizer:
         # tokens ending mid-character, see _decode_step).
         self._emitted_unread = 0
 
-        self._pending = ""  # decoded text held back as a possible stop prefix
         self._stop_matched: str | None = None
         self._finished = False
-        self.text = ""
+        self._text_parts: list[str] = []
         self.num_generated_tokens = 0
 
     # ------------------------------------------------------------------ API
+
+    @property
+    def text(self) -> str:
+        """Everything emitted so far (the concatenation of all deltas)."""
+        if len(self._text_parts) > 1:
+            self._text_parts = ["".join(self._text_parts)]
+        return self._text_parts[0] if self._text_parts else ""
+
+    @property
+    def held_back(self) -> int:
+        """Number of decoded characters currently held back as a stop prefix."""
+        return self._held_len
 
     @property
     def stop_matched(self) -> str | None:
@@ -144,38 +176,44 @@ class IncrementalDetokenizer:
     def add_tokens(self, token_ids: Sequence[int]) -> DetokenizerUpdate:
         """Append generated tokens; return the newly emitted text.
 
-        After a stop string matched, further tokens are ignored and the update
-        keeps reporting the matched stop string with an empty delta.
+        After a stop string matched, further tokens (including the rest of
+        this call's) are ignored and not counted; the update keeps reporting
+        the matched stop string with an empty delta.
         """
         if self._stop_matched is not None:
             return DetokenizerUpdate("", self._stop_matched)
         if self._finished:
             raise RuntimeError("add_tokens() called after finish()")
-        chunks: list[str] = []
+        out: list[str] = []
         for token_id in token_ids:
             self._ids.append(int(token_id))
             self.num_generated_tokens += 1
-            chunks.append(self._decode_step(force=False))
-        delta = self._apply_stops("".join(chunks))
-        self.text += delta
-        return DetokenizerUpdate(delta, self._stop_matched)
+            chunk = self._decode_step(force=False)
+            if chunk and self._consume(chunk, out):
+                break
+        else:
+            if self._matcher is not None:
+                out.append(self._release(self._held_len - self._matcher.hold))
+        return DetokenizerUpdate(self._emit(out), self._stop_matched)
 
     def finish(self) -> str:
         """End the sequence (eos / length / abort) and return held-back text.
 
         Releases an incomplete UTF-8 tail (as the tokenizer decodes it) and
-        any tail held back as a possible stop-string prefix. Idempotent.
+        any tail held back as a possible stop-string prefix. The released
+        text counts as produced by the last token added, so it can still
+        complete a stop string (then :attr:`stop_matched` is set and only the
+        text before it -- or through it -- is returned). Idempotent.
         """
         if self.finished:
             self._finished = True
             return ""
         self._finished = True
-        delta = self._apply_stops(self._decode_step(force=True))
-        if self._stop_matched is None:
-            delta += self._pending
-            self._pending = ""
-        self.text += delta
-        return delta
+        out: list[str] = []
+        chunk = self._decode_step(force=True)
+        if not (chunk and self._consume(chunk, out)):
+            out.append(self._release(self._held_len))
+        return self._emit(out)
 
     # ------------------------------------------------------------ internals
 
@@ -215,30 +253,58 @@ class IncrementalDetokenizer:
             self._prefix_offset = 0
         return chunk
 
-    def _apply_stops(self, chunk: str) -> str:
-        """Feed newly decoded text through stop matching; return what to emit."""
-        if not self._stops:
-            return chunk
-        # Invariant: ``_pending`` (< max_stop_len chars) holds no complete
-        # stop string and no emitted suffix extends it into a stop prefix, so
-        # any match starts inside ``buf`` and ends inside ``chunk``.
-        buf = self._pending + chunk
-        best: tuple[int, int, str] | None = None  # (end, start, stop)
-        for stop in self._stops:
-            start = buf.find(stop)
-            if start >= 0:
-                cand = (start + len(stop), start, stop)
-                if best is None or cand[:2] < best[:2]:
-                    best = cand
-        if best is not None:
-            end, start, stop = best
-            self._stop_matched = stop
-            self._pending = ""
-            return buf[: end if self._include_stop else start]
-        hold = 0
-        for k in range(min(len(buf), self._max_stop_len - 1), 0, -1):
-            if buf[-k:] in self._stop_prefixes:
-                hold = k
-                break
-        self._pending = buf[len(buf) - hold :] if hold else ""
-        return buf[: len(buf) - hold]
+    def _emit(self, out: list[str]) -> str:
+        delta = "".join(out)
+        if delta:
+            self._text_parts.append(delta)
+        return delta
+
+    def _consume(self, chunk: str, out: list[str]) -> bool:
+        """Feed the text produced by the latest token; True if a stop matched.
+
+        Without stop strings the chunk goes straight to ``out``; otherwise it
+        is held and the caller releases what the matcher no longer holds.
+        """
+        matcher = self._matcher
+        if matcher is None:
+            out.append(chunk)
+            return False
+        self._held.append(chunk)
+        self._held_len += len(chunk)
+        qualifies = self.num_generated_tokens > self._min_tokens
+        pos = 0
+        while (hit := matcher.scan(chunk, pos)) is not None:
+            end, stop = hit
+            if qualifies:
+                # The occurrence starts inside the held text (its partial
+                # match never exceeded the hold) and ends at chunk[end - 1].
+                keep = self._held_len - len(chunk) + end
+                if not self._include_stop:
+                    keep -= len(stop)
+                out.append(self._release(keep))
+                self._held.clear()
+                self._held_off = self._held_len = 0
+                self._stop_matched = stop
+                return True
+            pos = end  # within the first min_tokens tokens: ignore it
+        return False
+
+    def _release(self, n: int) -> str:
+        """Remove and return the first ``n`` held characters."""
+        parts: list[str] = []
+        held = self._held
+        while n > 0:
+            head, off = held[0], self._held_off
+            avail = len(head) - off
+            if avail <= n:
+                parts.append(head[off:] if off else head)
+                held.popleft()
+                self._held_off = 0
+                self._held_len -= avail
+                n -= avail
+            else:
+                parts.append(head[off : off + n])
+                self._held_off = off + n
+                self._held_len -= n
+                n = 0
+        return "".join(parts)

@@ -183,7 +183,7 @@ class LLMEngine:
                 child.num_prompt_logprobs = 1  # position 0 has no logprob
             children.append(child)
             detoks.append(
-                IncrementalDetokenizer(self.tokenizer, prompt_ids, params.stop,
+                IncrementalDetokenizer(self.tokenizer, prompt_ids, params.stop_strings,
                                        params.include_stop_str_in_output,
                                        params.skip_special_tokens,
                                        min_tokens=params.min_tokens)

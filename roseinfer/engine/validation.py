@@ -52,6 +52,7 @@ class RequestValidator:
         self.check_token_ids(params.stop_token_ids, "stop_token_ids")
         if params.stop and not self.has_tokenizer:
             raise InvalidRequestError("stop strings need a tokenizer; this model has none", "stop")
+        params.stop_strings  # noqa: B018 - compiled here, off the engine thread
 
     def check(self, prompt_ids: Sequence[int], params: SamplingParams,
               prompt_param: str = "prompt") -> None:
