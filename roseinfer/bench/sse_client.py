@@ -50,7 +50,7 @@ async def post_sse(url: str, body: dict[str, Any]) -> AsyncIterator[bytes]:
             text = await _read_body(reader, headers, chunked)
             raise HTTPStatusError(f"HTTP {status}: {text[:200]!r}")
         buffer = b""
-        async for piece in _body_pieces(reader, chunked):
+        async for piece in body_pieces(reader, chunked):
             buffer += piece
             while (end := buffer.find(b"\n\n")) >= 0:
                 event, buffer = buffer[:end], buffer[end + 2:]
@@ -61,7 +61,7 @@ async def post_sse(url: str, body: dict[str, Any]) -> AsyncIterator[bytes]:
         writer.close()
 
 
-async def _body_pieces(reader: asyncio.StreamReader, chunked: bool) -> AsyncIterator[bytes]:
+async def body_pieces(reader: asyncio.StreamReader, chunked: bool) -> AsyncIterator[bytes]:
     if not chunked:  # streamed until the server closes the connection
         while piece := await reader.read(65536):
             yield piece
@@ -78,4 +78,4 @@ async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str],
                      chunked: bool) -> bytes:
     if "content-length" in headers:
         return await reader.readexactly(int(headers["content-length"]))
-    return b"".join([p async for p in _body_pieces(reader, chunked)])
+    return b"".join([p async for p in body_pieces(reader, chunked)])
