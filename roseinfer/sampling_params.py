@@ -67,8 +67,8 @@ class SamplingParams:
             raise bad("top_k", "must be -1, 0 (disabled) or a positive int")
         if not _is_num(self.min_p) or not 0 <= self.min_p <= 1:
             raise bad("min_p", "must be in [0, 1]")
-        if not _is_num(self.repetition_penalty) or self.repetition_penalty <= 0:
-            raise bad("repetition_penalty", "must be > 0")
+        if not _is_num(self.repetition_penalty) or not 0.01 <= self.repetition_penalty <= 100:
+            raise bad("repetition_penalty", "must be in [0.01, 100]")
         if not _is_num(self.presence_penalty) or not -2 <= self.presence_penalty <= 2:
             raise bad("presence_penalty", "must be in [-2, 2]")
         if not _is_num(self.frequency_penalty) or not -2 <= self.frequency_penalty <= 2:

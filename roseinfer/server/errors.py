@@ -2,6 +2,8 @@
 
 Handlers raise ``APIError``; FastAPI's validation errors, Starlette's HTTP errors
 (unknown route, wrong method) and unexpected exceptions are mapped to the same body.
+An error body always encodes: text it echoes that is not valid Unicode (lone
+surrogates) is escaped as ``\\udXXX`` first.
 """
 
 from __future__ import annotations
@@ -33,6 +35,19 @@ _TYPES = {
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
 
 
+def safe_text(text: str) -> str:
+    """``text`` with lone surrogates escaped, so it always encodes to UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def _safe(value: str | None) -> str | None:
+    return None if value is None else safe_text(str(value))
+
+
 class APIError(Exception):
     """An error answered to the client with an OpenAI-shaped body."""
 
@@ -60,7 +75,8 @@ def bad_request(message: str, param: str | None = None) -> APIError:
 
 def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+    return {"error": {"message": safe_text(str(message)), "type": _safe(type),
+                      "param": _safe(param), "code": _safe(code)}}
 
 
 def error_response(status_code: int, message: str, *, code: str | None = None,
@@ -68,21 +84,39 @@ def error_response(status_code: int, message: str, *, code: str | None = None,
     return APIError(status_code, message, code=code, headers=headers).response()
 
 
+def _is_type_mismatch(error: Mapping[str, Any]) -> bool:
+    return str(error.get("type", "")).endswith("_type")
+
+
+def _field_path(loc: Any) -> str | None:
+    # Union members add their type name to the location ("str", "list[...]",
+    # "function-before[...]", "constrained-int"); keep field names and list indices.
+    path = [str(p) for p in loc if p != "body"]
+    path = [p for p in path if "[" not in p and "-" not in p and p not in _TYPE_TAGS]
+    return ".".join(path) or None
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     errors = exc.errors()
     if not errors:
         return "invalid request", None
-    first = errors[0]
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    # Union members add their type name to the location; keep the field path only.
-    path = [p for p in loc if "[" not in p and p not in _TYPE_TAGS]
-    param = ".".join(path) or None
+    # A union reports one error per member; the member of the right type that failed a
+    # constraint (a bound, a lone surrogate, a non-finite float) says what is wrong.
+    first = next((e for e in errors if not _is_type_mismatch(e)), errors[0])
+    param = _field_path(first.get("loc", ()))
     msg = first.get("msg", "invalid value")
     if first.get("type") == "json_invalid":
         return f"the body is not valid JSON: {first.get('ctx', {}).get('error', msg)}", None
     if first.get("type") == "missing":
+        if param is None:
+            return "the request body is missing: send a JSON object", None
         return f"'{param}' is a required field", param
-    extra = f" ({len(errors) - 1} more error(s))" if len(errors) > 1 else ""
+    if param is None and _is_type_mismatch(first):
+        return "the request body must be a JSON object", None
+    # Other members' type mismatches are noise next to a constraint error: not counted.
+    others = [e for e in errors if e is not first
+              and (_is_type_mismatch(first) or not _is_type_mismatch(e))]
+    extra = f" ({len(others)} more error(s))" if others else ""
     return (f"{param}: {msg}" if param else msg) + extra, param
 
 
@@ -99,6 +133,9 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        cause = exc.__cause__
+        if isinstance(cause, UnicodeDecodeError):  # FastAPI's "error parsing the body"
+            message = f"the body is not valid UTF-8: {cause.reason} at byte {cause.start}"
         return APIError(exc.status_code, message, headers=exc.headers).response()
 
     @app.exception_handler(Exception)

@@ -2,7 +2,11 @@
 
 Requests are validated strictly (``"2"`` is not an int, ``true`` is not a number)
 so wrong types are a 400 before anything is tokenized or queued; unknown fields
-are ignored as OpenAI's SDK may send newer ones.
+are ignored as OpenAI's SDK may send newer ones. Floats must be finite (JSON's
+``NaN``/``Infinity`` literals are refused), every string must be valid Unicode
+(``Text``: no lone surrogates, which ``json.loads`` lets through from ``"\\ud800"``
+or raw invalid UTF-8), and lists are bounded (the ``MAX_*`` constants, the
+README's "Limits").
 """
 
 from __future__ import annotations
@@ -10,14 +14,49 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_serializer
+from pydantic_core import PydanticCustomError
 
-from roseinfer.sampling_params import SamplingParams
+from roseinfer.sampling_params import (
+    MAX_LOGPROBS,
+    MAX_N,
+    MAX_STOP_STRING_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    SamplingParams,
+)
 
-_REQUEST = ConfigDict(strict=True, extra="ignore")
+# Documented bounds (README "Limits"), besides those of SamplingParams and the body size.
+MAX_PROMPTS_PER_REQUEST = 256  # prompts in one /v1/completions request (a batch)
+MAX_MESSAGES = 4096  # messages in one chat or /tokenize request
+MAX_CONTENT_PARTS = 1024  # text parts in one chat message
 
-Role = Literal["system", "developer", "user", "assistant", "tool"]
+_REQUEST = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+
+
+def _valid_unicode(value: Any) -> Any:
+    """Refuse lone surrogates: they cannot be tokenized or encoded back to UTF-8.
+
+    It runs before the str validation, so every text field says the same thing
+    (constrained strs would otherwise fail with a vaguer message of their own)."""
+    if not isinstance(value, str):
+        return value  # the str validation that follows refuses it
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PydanticCustomError(
+            "invalid_unicode",
+            "Input should be valid Unicode text, found a lone surrogate {code} at index {index}",
+            {"code": f"U+{ord(value[exc.start]):04X}", "index": exc.start},
+        ) from None
+    return value
+
+
+Text = Annotated[str, BeforeValidator(_valid_unicode)]
 TokenIds = list[Annotated[int, Field(ge=0)]]
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_STRING_CHARS),
+                       BeforeValidator(_valid_unicode)]
+Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 
 class StreamOptions(BaseModel):
@@ -28,14 +67,14 @@ class StreamOptions(BaseModel):
 class TextPart(BaseModel):
     model_config = _REQUEST
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(BaseModel):
     model_config = _REQUEST
     role: Role
-    content: str | list[TextPart] | None = None
-    name: str | None = None
+    content: Text | Annotated[list[TextPart], Field(max_length=MAX_CONTENT_PARTS)] | None = None
+    name: Text | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -49,23 +88,23 @@ class SamplingFields(BaseModel):
     """Fields shared by chat and completions (OpenAI's plus common extras)."""
 
     model_config = _REQUEST
-    model: str | None = None
+    model: Text | None = None
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
-    n: int | None = Field(1, ge=1, le=64)
-    stop: str | list[str] | None = None
+    n: int | None = Field(1, ge=1, le=MAX_N)
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
     seed: int | None = Field(None, ge=0, lt=2**63)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
+    user: Text | None = None
     # extras (vLLM-style)
     top_k: int | None = Field(None, ge=-1)
     min_p: float | None = Field(None, ge=0, le=1)
     repetition_penalty: float | None = Field(None, gt=0)
-    stop_token_ids: TokenIds | None = None
+    stop_token_ids: Annotated[TokenIds, Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     ignore_eos: bool | None = False
     min_tokens: int | None = Field(0, ge=0)
     skip_special_tokens: bool | None = True
@@ -102,24 +141,26 @@ class SamplingFields(BaseModel):
 
 
 class ChatCompletionRequest(SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | TokenIds | list[TokenIds]
+    # A text, a batch of texts, one token-id prompt or a batch of them.
+    prompt: (Text | Annotated[list[Text], Field(max_length=MAX_PROMPTS_PER_REQUEST)] | TokenIds
+             | Annotated[list[TokenIds], Field(max_length=MAX_PROMPTS_PER_REQUEST)])
     echo: bool | None = False
-    logprobs: int | None = Field(None, ge=0, le=20)
-    suffix: str | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    suffix: Text | None = None
 
 
 class GenerateRequest(BaseModel):
     """Body of the plain ``POST /generate`` endpoint."""
 
     model_config = _REQUEST
-    prompt: str | TokenIds
+    prompt: Text | TokenIds
     max_new_tokens: int = Field(64, ge=1)
     temperature: float = Field(1.0, ge=0)
     top_k: int = Field(0, ge=-1)
@@ -131,16 +172,16 @@ class GenerateRequest(BaseModel):
 
 class TokenizeRequest(BaseModel):
     model_config = _REQUEST
-    model: str | None = None
-    prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    model: Text | None = None
+    prompt: Text | None = None
+    messages: Annotated[list[ChatMessage], Field(max_length=MAX_MESSAGES)] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
 
 
 class DetokenizeRequest(BaseModel):
     model_config = _REQUEST
-    model: str | None = None
+    model: Text | None = None
     tokens: TokenIds
 
 

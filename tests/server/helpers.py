@@ -68,7 +68,9 @@ class ServerThread:
     """A real uvicorn server on 127.0.0.1 running in a background thread."""
 
     def __init__(self, app) -> None:  # noqa: ANN001
-        self.sock = socket.socket()
+        # IPPROTO_TCP: asyncio turns Nagle off only on sockets created with it; otherwise
+        # every response waits ~40 ms for the client's delayed ACK.
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)
