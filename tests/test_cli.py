@@ -15,6 +15,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=240, check=False)
 
 
+@pytest.mark.slow  # loads the default model in a subprocess
 def test_generate_two_prompts_and_stream() -> None:
     res = run_cli("generate", "--prompt", "The capital of France is", "--prompt", "1, 2, 3,",
                   "--max-tokens", "6", "--num-threads", "1")

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from roseinfer.sampling_params import SamplingParams
 from tests.hf_reference import hf_greedy
+
+pytestmark = pytest.mark.slow  # default model or real servers: `make test-fast` skips it
 
 PROMPTS = [
     "The capital of France is",

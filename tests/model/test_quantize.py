@@ -82,6 +82,7 @@ def _prompt_stats(quantization: str) -> tuple[list[float], list[int]]:
     return logprobs, top1
 
 
+@pytest.mark.slow  # the default model over a 1,128-token text, per format
 @pytest.mark.parametrize("quantization", ["fp16", "fp16+bf16", "int8"])
 def test_quality_gate_default_model(quantization: str) -> None:
     ref_lp, ref_top = _prompt_stats("none")

@@ -12,6 +12,8 @@ from roseinfer.bench.serving import make_prompt, run_load
 from roseinfer.bench.sse_client import HTTPStatusError, post_sse
 from tests.server.helpers import MODEL_NAME
 
+pytestmark = pytest.mark.slow  # default model or real servers: `make test-fast` skips it
+
 
 @pytest.mark.parametrize(("concurrency", "rate"), [(2, None), (None, float("inf"))])
 def test_run_load_streams_every_request(server, concurrency, rate) -> None:

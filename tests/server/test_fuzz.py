@@ -32,6 +32,8 @@ from hypothesis import strategies as st
 from tests.server.helpers import TinyServer, wait_until
 from tests.server.tokenizer_server import MODEL_NAME, VOCAB_SIZE, tokenizer_server
 
+pytestmark = pytest.mark.slow  # default model or real servers: `make test-fast` skips it
+
 EXAMPLES = int(os.environ.get("ROSEINFER_FUZZ_EXAMPLES", "300"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
                 suppress_health_check=list(HealthCheck))

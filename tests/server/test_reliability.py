@@ -44,6 +44,8 @@ from tests.server.reliability_helpers import (
     stream_problem,
 )
 
+pytestmark = pytest.mark.slow  # default model or real servers: `make test-fast` skips it
+
 WORDS = ("time river light stone garden music window paper summer market letter forest "
          "engine silver quiet morning bridge story number castle winter ocean field table "
          "mirror school travel yellow answer family island thunder").split()

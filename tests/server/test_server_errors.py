@@ -9,6 +9,8 @@ import pytest
 
 from tests.server.helpers import MODEL_NAME, metric, scrape
 
+pytestmark = pytest.mark.slow  # default model or real servers: `make test-fast` skips it
+
 MSG = [{"role": "user", "content": "hi"}]
 
 

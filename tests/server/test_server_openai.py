@@ -15,6 +15,8 @@ import pytest
 from roseinfer.sampling_params import SamplingParams
 from tests.server.helpers import MODEL_NAME, metric, scrape, wait_until
 
+pytestmark = pytest.mark.slow  # default model or real servers: `make test-fast` skips it
+
 CHAT = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
 PROMPT = "The three primary colors are"
 GREEDY = {"temperature": 0.0, "max_tokens": 16}

@@ -32,6 +32,8 @@ from roseinfer.sampling_params import SamplingParams
 from tests.server.helpers import MODEL_NAME, ServerProcess
 from tests.server.reliability_helpers import Outcome, request
 
+pytestmark = pytest.mark.slow  # default model or real servers: `make test-fast` skips it
+
 hypothesis = pytest.importorskip("hypothesis")
 st = hypothesis.strategies
 
