@@ -14,8 +14,10 @@ if TYPE_CHECKING:
     from roseinfer.llm import LLM
     from roseinfer.outputs import CompletionOutput, RequestOutput
     from roseinfer.sampling_params import SamplingParams
+    from roseinfer.structured_outputs import StructuredOutputsParams
 
-__all__ = ["LLM", "CompletionOutput", "EngineConfig", "RequestOutput", "SamplingParams"]
+__all__ = ["LLM", "CompletionOutput", "EngineConfig", "RequestOutput", "SamplingParams",
+           "StructuredOutputsParams"]
 __version__ = "0.1.0"
 
 _LOCATIONS = {
@@ -24,6 +26,7 @@ _LOCATIONS = {
     "SamplingParams": "roseinfer.sampling_params",
     "RequestOutput": "roseinfer.outputs",
     "CompletionOutput": "roseinfer.outputs",
+    "StructuredOutputsParams": "roseinfer.structured_outputs",
 }
 
 

@@ -60,6 +60,41 @@ def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
 
 
+def _add_structured_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("structured outputs (at most one)")
+    kinds = g.add_mutually_exclusive_group()
+    kinds.add_argument("--json-schema", metavar="FILE", default=None,
+                       help="the output is JSON valid under the JSON schema in FILE")
+    kinds.add_argument("--json-object", action="store_true", help="the output is a JSON object")
+    kinds.add_argument("--regex", default=None, help="the output matches this regex")
+    kinds.add_argument("--choice", nargs="+", default=None, metavar="TEXT",
+                       help="the output is one of these strings")
+    kinds.add_argument("--grammar", metavar="FILE", default=None,
+                       help="the output matches the grammar in FILE (llguidance Lark or GBNF)")
+
+
+def _structured_outputs(args: argparse.Namespace):  # noqa: ANN202
+    """StructuredOutputsParams from the generate flags, or None."""
+    from roseinfer.structured_outputs import StructuredOutputsParams
+
+    if getattr(args, "json_schema", None):
+        return StructuredOutputsParams(json=_read_text(args.json_schema))
+    if getattr(args, "json_object", False):
+        return StructuredOutputsParams(json_object=True)
+    if getattr(args, "regex", None):
+        return StructuredOutputsParams(regex=args.regex)
+    if getattr(args, "choice", None):
+        return StructuredOutputsParams(choice=args.choice)
+    if getattr(args, "grammar", None):
+        return StructuredOutputsParams(grammar=_read_text(args.grammar))
+    return None
+
+
+def _read_text(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
 def _sampling_params(args: argparse.Namespace):  # noqa: ANN202
     from roseinfer.sampling_params import SamplingParams
 
@@ -67,6 +102,7 @@ def _sampling_params(args: argparse.Namespace):  # noqa: ANN202
         max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
         seed=args.seed, stop=tuple(args.stop or ()),
+        structured_outputs=_structured_outputs(args),
     )
 
 
@@ -135,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stream", action="store_true", help="print text as it is generated")
     gen.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template")
     _add_sampling_args(gen)
+    _add_structured_args(gen)
     gen.set_defaults(func=cmd_generate)
 
     chat = sub.add_parser("chat", help="interactive chat in the terminal")

@@ -1,4 +1,15 @@
-"""LLM: the offline batch API over the engine (``LLM(model).generate(prompts, params)``)."""
+"""LLM: the offline batch API over the engine (``LLM(model).generate(prompts, params)``).
+
+Constrained outputs go through ``SamplingParams`` like everything else::
+
+    from roseinfer.structured_outputs import StructuredOutputsParams
+    params = SamplingParams(max_tokens=200, structured_outputs=StructuredOutputsParams(
+        json={"type": "object", "properties": {"name": {"type": "string"}}}))
+    llm.chat([{"role": "user", "content": "Who are you? Answer in JSON."}], params)
+
+A schema / regex / grammar that cannot be compiled raises ``InvalidRequestError``
+(``param == "structured_outputs"``) before any prompt is queued.
+"""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from roseinfer.engine.stop_strings import StopStrings
+from roseinfer.structured_outputs import StructuredOutputsParams
 
 # Documented bounds (README "Limits"); the HTTP layer uses the same numbers.
 MAX_N = 64  # sequences per prompt
@@ -18,6 +19,9 @@ MAX_LOGPROBS = 20  # logprobs / prompt_logprobs / top_logprobs
 MAX_STOP_STRINGS = 32
 MAX_STOP_STRING_CHARS = 1024  # characters per stop string
 MAX_STOP_TOKEN_IDS = 1024
+MAX_LOGIT_BIAS = 2048  # entries of logit_bias
+MAX_LOGIT_BIAS_VALUE = 100.0  # |bias| (OpenAI's range)
+MAX_ALLOWED_TOKEN_IDS = 131072
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,13 @@ class SamplingParams:
     prompt_logprobs: int | None = None  # top-N logprobs per prompt token
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # Constraints on the output, applied to that row's logits before sampling (logprobs
+    # stay those of the raw model distribution): a grammar / JSON schema / regex / choice
+    # (see roseinfer.structured_outputs), a bias added per token id (OpenAI's logit_bias,
+    # values in [-100, 100]), and vLLM's allowed_token_ids (every other id is masked).
+    structured_outputs: StructuredOutputsParams | None = None
+    logit_bias: dict[int, float] | None = field(default=None, hash=False)
+    allowed_token_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         # Accept lists / single strings for convenience; store tuples.
@@ -52,6 +63,7 @@ class SamplingParams:
         stop_ids = self.stop_token_ids if self.stop_token_ids is not None else ()
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in stop_ids))
         self._validate()
+        self._validate_constraints()
 
     def _validate(self) -> None:
         def bad(name: str, why: str) -> ValueError:
@@ -95,6 +107,41 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or not 0 <= value <= MAX_LOGPROBS):
                 raise bad(name, f"must be None or an int in [0, {MAX_LOGPROBS}]")
+
+    def _validate_constraints(self) -> None:
+        """structured_outputs, logit_bias and allowed_token_ids (stored normalised: a dict
+        of int -> float, a tuple of ints)."""
+        if self.structured_outputs is not None and not isinstance(
+                self.structured_outputs, StructuredOutputsParams):
+            raise ValueError("SamplingParams.structured_outputs must be a "
+                             f"StructuredOutputsParams, got {type(self.structured_outputs)}")
+        bias = self.logit_bias
+        if bias is not None:
+            if not isinstance(bias, dict):
+                raise ValueError(f"SamplingParams.logit_bias must be a dict of token id -> "
+                                 f"bias, got {type(bias).__name__}")
+            if len(bias) > MAX_LOGIT_BIAS:
+                raise ValueError(f"SamplingParams.logit_bias must hold at most {MAX_LOGIT_BIAS} "
+                                 f"entries, got {len(bias)}")
+            for t, b in bias.items():
+                if not _is_int(t) or t < 0:
+                    raise ValueError(f"SamplingParams.logit_bias keys must be token ids "
+                                     f"(ints >= 0), got {t!r}")
+                if not _is_num(b) or abs(b) > MAX_LOGIT_BIAS_VALUE:
+                    raise ValueError(f"SamplingParams.logit_bias values must be finite numbers "
+                                     f"in [-100, 100], got {b!r} for token {t}")
+            object.__setattr__(self, "logit_bias", {int(t): float(b) for t, b in bias.items()})
+        allowed = self.allowed_token_ids
+        if allowed is not None:
+            if isinstance(allowed, (str, bytes, dict)) or not hasattr(allowed, "__len__"):
+                raise ValueError("SamplingParams.allowed_token_ids must be a list of token ids, "
+                                 f"got {type(allowed).__name__}")
+            if not 1 <= len(allowed) <= MAX_ALLOWED_TOKEN_IDS:
+                raise ValueError(f"SamplingParams.allowed_token_ids must hold 1 to "
+                                 f"{MAX_ALLOWED_TOKEN_IDS} ids, got {len(allowed)}")
+            if not all(_is_int(t) and t >= 0 for t in allowed):
+                raise ValueError("SamplingParams.allowed_token_ids must be token ids (ints >= 0)")
+            object.__setattr__(self, "allowed_token_ids", tuple(allowed))
 
     @cached_property
     def stop_strings(self) -> StopStrings:

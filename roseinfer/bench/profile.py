@@ -53,7 +53,7 @@ def _timed_step(engine: LLMEngine, acc: dict[str, float]) -> None:
     failed: dict = {}
     scheduled, logits = engine._execute(sched.scheduled, failed)
     t.append(time.perf_counter())
-    sampled = engine._sample(scheduled, logits, failed)
+    sampled = engine.step_sampler.sample(scheduled, logits, failed)
     engine._record_prompt_logprobs(scheduled, logits)
     failed_groups = engine._fail(failed)
     t.append(time.perf_counter())
@@ -134,7 +134,7 @@ def _runner_breakdown(engine: LLMEngine, steps: int) -> dict[str, float]:
             with record_function("runner"):
                 logits = engine.runner.execute(sched.scheduled)
             runner_wall += time.perf_counter() - t0
-            sampled = engine._sample(sched, logits)
+            sampled = engine.step_sampler.sample(sched.scheduled, logits, {})
             engine._make_outputs(engine.scheduler.update(sched, sampled))
     if stack is not None:
         model._stack = stack

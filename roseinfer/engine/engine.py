@@ -5,6 +5,9 @@ the tokens to compute, the model runner runs them in ONE forward, the sampler
 picks one token per request whose tokens were all computed, the scheduler
 appends them and finishes requests on EOS / stop ids / length, and the
 detokenizers turn new ids into text deltas (finishing requests on stop strings).
+Constrained requests (``SamplingParams.structured_outputs``) get their logits rows
+masked to what their grammar allows (``roseinfer.engine.structured``, masks computed
+before or during the forward) and finish with ``"stop"`` once it is complete.
 A request with ``n > 1`` runs as n sequences that share the prompt's KV blocks
 through the prefix cache; its outputs are grouped back under one request id.
 """
@@ -28,6 +31,7 @@ from roseinfer.engine.request import Request, RequestStatus
 from roseinfer.engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from roseinfer.engine.stats import EngineStats
 from roseinfer.engine.step_sampler import StepSampler
+from roseinfer.engine.structured import GrammarCompiler, StructuredDecoding
 from roseinfer.engine.validation import InvalidRequestError, RequestValidator
 from roseinfer.model.config import ModelConfig
 from roseinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -113,8 +117,12 @@ class LLMEngine:
         self.eos_token_ids: tuple[int, ...] = (
             tuple(tokenizer.eos_token_ids) if tokenizer is not None else ()
         ) or tuple(model_config.eos_token_ids)
+        # Structured outputs: grammars compiled before queueing (by the validator, on the
+        # caller's thread) and cached here; masks and matcher updates once per step.
+        self.grammars = GrammarCompiler(tokenizer, self.eos_token_ids)
+        self.structured = StructuredDecoding(self.grammars, model_config.vocab_size, self.device)
         self.validator = RequestValidator(model_config.vocab_size, self.max_model_len,
-                                          tokenizer is not None)
+                                          tokenizer is not None, self.grammars)
         self.logprobs = LogprobBuilder(tokenizer)
         self.step_sampler = StepSampler(self.sampler, self.logprobs, model_config.vocab_size,
                                         self.device)
@@ -169,6 +177,8 @@ class LLMEngine:
             raise InvalidRequestError(f"sequence id {taken!r} (of request {request_id!r}) is "
                                       "already in use", "request_id")
         arrival = arrival_time if arrival_time is not None else time.monotonic()
+        grammar = (self.validator.compile_grammar(params.structured_outputs)
+                   if params.structured_outputs is not None else None)  # a cache hit
         children: list[Request] = []
         detoks: list[IncrementalDetokenizer | None] = []
         for i, child_id in enumerate(child_ids):
@@ -178,6 +188,7 @@ class LLMEngine:
                 gen.manual_seed(params.seed + i)
             child = Request(child_id, prompt_ids, params, self.eos_token_ids, arrival, gen,
                             group_id=request_id)
+            child.grammar = grammar.new_matcher() if grammar is not None else None
             if i == 0 and params.prompt_logprobs is not None:
                 child.records_prompt_logprobs = True
                 child.num_prompt_logprobs = 1  # position 0 has no logprob
@@ -244,8 +255,12 @@ class LLMEngine:
             if group is not None and group.metrics.first_scheduled_time is None:
                 group.metrics.first_scheduled_time = now
         failed: dict[Request, str] = {}
+        mask_job = self.structured.start(sched.scheduled)  # None: nothing constrained
         scheduled, logits = self._execute(sched.scheduled, failed)
-        sampled = self._sample(scheduled, logits, failed)
+        masks = self.structured.finish(mask_job, failed) if mask_job is not None else None
+        sampled = self.step_sampler.sample(scheduled, logits, failed, masks)
+        if mask_job is not None:
+            self.structured.advance(scheduled, sampled, failed)
         self._record_prompt_logprobs(scheduled, logits)
         failed_groups = self._fail(failed)
         advanced = self.scheduler.update(SchedulerOutput(scheduled), sampled)
@@ -259,10 +274,6 @@ class LLMEngine:
         for i, why in errors.items():
             failed[scheduled[i].request] = f"the model failed on this request: {why}"
         return ran, logits
-
-    def _sample(self, scheduled: list[ScheduledRequest], logits: StepLogits | None,
-                failed: dict[Request, str]) -> list[int | None]:
-        return self.step_sampler.sample(scheduled, logits, failed)
 
     def _record_prompt_logprobs(self, scheduled: list[ScheduledRequest],
                                 logits: StepLogits | None) -> None:
@@ -333,7 +344,8 @@ class LLMEngine:
         on the last allowed token."""
         if detok is None:
             return ""
-        stopped_by_token = req.status is RequestStatus.FINISHED_STOPPED
+        stopped_by_token = (req.status is RequestStatus.FINISHED_STOPPED
+                            and not req.stopped_by_grammar)  # a grammar's last token is text
         delta, matched = "", None
         if not stopped_by_token or req.params.include_stop_str_in_output:
             upd = detok.add_tokens([req.output_token_ids[-1]])
@@ -356,7 +368,7 @@ class LLMEngine:
             logprobs = None
             delta_lp = None
             if child.params.logprobs is not None:
-                logprobs = child.output_logprobs  # built once per token in _sample
+                logprobs = child.output_logprobs  # built once per token by the StepSampler
                 delta_lp = logprobs[-1:] if delta_tok is not None else []
             outs.append(CompletionOutput(
                 index=i, text=group.texts[i], token_ids=child.output_token_ids,

@@ -3,7 +3,8 @@
 A request owns its token ids (prompt + output), how many of them have K/V in the
 cache (``num_computed_tokens``), its block table, its status and finish reason.
 The scheduler advances ``num_computed_tokens`` until it catches up with
-``num_tokens``; every time it does, one new token is sampled and appended.
+``num_tokens``; every time it does, one new token is sampled and appended. A
+constrained request also owns its grammar matcher (``grammar``).
 """
 
 from __future__ import annotations
@@ -11,11 +12,15 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from roseinfer.outputs import Logprob
 from roseinfer.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from roseinfer.engine.structured.matcher import GrammarMatcher
 
 
 class RequestStatus(enum.Enum):
@@ -68,6 +73,11 @@ class Request:
     cumulative_logprob: float = 0.0
     first_token_time: float | None = None
     finished_time: float | None = None
+    # Structured outputs: this sequence's own grammar state (None = unconstrained); it
+    # advances by sampled tokens only. stopped_by_grammar: finished because the grammar
+    # was complete (the last token's text is kept, unlike an EOS / stop id's).
+    grammar: GrammarMatcher | None = None
+    stopped_by_grammar: bool = False
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

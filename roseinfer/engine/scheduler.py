@@ -166,8 +166,9 @@ class Scheduler:
 
         ``sampled[i]`` is the token for ``out.scheduled[i]`` when that chunk
         completed the request's tokens, else None (a partial prefill chunk).
-        Finishing on EOS / stop ids / length happens here; stop strings are the
-        engine's (detokenizer) call via ``finish_request``.
+        Finishing on EOS / stop ids / a completed grammar (``"stop"``, even on the
+        last allowed token) / length happens here; stop strings are the engine's
+        (detokenizer) call via ``finish_request``.
         """
         bm = self.block_manager
         advanced: list[Request] = []
@@ -192,6 +193,9 @@ class Scheduler:
             self.finish_request(req, RequestStatus.FINISHED_STOPPED)
         elif past_min and token in p.stop_token_ids:
             req.stop_reason = token
+            self.finish_request(req, RequestStatus.FINISHED_STOPPED)
+        elif req.grammar is not None and req.grammar.terminated:  # complete: "stop"
+            req.stopped_by_grammar = token not in req.eos_token_ids
             self.finish_request(req, RequestStatus.FINISHED_STOPPED)
         elif req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.max_model_len:
             self.finish_request(req, RequestStatus.FINISHED_LENGTH)

@@ -6,11 +6,16 @@ token masked, or sampling code that raises for that row (the batch is then retri
 row by row) — is reported in ``failed`` with the reason, and only that request fails.
 The sampler flags such rows itself (``SamplerOutput.valid``, from values it computes
 anyway), so healthy steps pay no extra pass over the logits.
+
+``masks`` (structured outputs) gives the allowed tokens of constrained requests;
+they join each row's own constraints (``allowed_token_ids``, ``logit_bias``,
+min_tokens suppression) in the ``SamplingBatch``, row by row.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,6 +25,9 @@ from roseinfer.engine.request import Request
 from roseinfer.engine.scheduler import ScheduledRequest
 from roseinfer.runner.model_runner import StepLogits
 from roseinfer.runner.sampler import Sampler, SamplerOutput, SamplingBatch
+
+if TYPE_CHECKING:
+    from roseinfer.engine.structured.decoding import GrammarMasks
 
 logger = logging.getLogger(__name__)
 
@@ -33,8 +41,10 @@ class StepSampler:
         self.device = device
 
     def sample(self, scheduled: list[ScheduledRequest], logits: StepLogits | None,
-               failed: dict[Request, str]) -> list[int | None]:
-        """One token per chunk that completes its request (None for the others)."""
+               failed: dict[Request, str],
+               masks: GrammarMasks | None = None) -> list[int | None]:
+        """One token per chunk that completes its request (None for the others);
+        ``masks``: the allowed tokens of constrained requests."""
         result: list[int | None] = [None] * len(scheduled)
         rows = [i for i, s in enumerate(scheduled) if s.completes]
         if not rows or logits is None:
@@ -42,14 +52,14 @@ class StepSampler:
         x = logits.sample_logits  # [N, V], one row per completing chunk
         requests = [scheduled[i].request for i in rows]
         try:
-            tokens = self._sample_rows(x, requests)
+            tokens = self._sample_rows(x, requests, masks)
         except Exception:  # noqa: BLE001 - retried row by row: only culprits fail
             logger.exception("sampling failed for a batch of %d; retrying row by row",
                              len(requests))
             tokens = []
             for j, req in enumerate(requests):
                 try:
-                    tokens += self._sample_rows(x[j:j + 1], [req])
+                    tokens += self._sample_rows(x[j:j + 1], [req], masks)
                 except Exception as exc:  # noqa: BLE001
                     failed[req] = f"sampling failed: {describe(exc)}"
                     tokens.append(None)
@@ -64,7 +74,8 @@ class StepSampler:
                     "is not finite")
         return result
 
-    def _sample_rows(self, logits: torch.Tensor, requests: list[Request]) -> list[int | None]:
+    def _sample_rows(self, logits: torch.Tensor, requests: list[Request],
+                     masks: GrammarMasks | None) -> list[int | None]:
         """Sample one token per row; None where the row had nothing to sample."""
         suppress = [
             list(r.eos_token_ids if not r.params.ignore_eos else ()) + list(r.params.stop_token_ids)
@@ -75,6 +86,7 @@ class StepSampler:
             [r.params for r in requests], [r.prompt_token_ids for r in requests],
             [r.output_token_ids for r in requests], [r.generator for r in requests],
             suppress, self.vocab_size, self.device,
+            allowed_mask=masks.rows_for(requests) if masks is not None else None,
         )
         out = self.sampler(logits, batch)
         tokens: list[int | None] = list(out.token_ids.tolist())

@@ -9,8 +9,12 @@ seeded row yields the same tokens whatever else is in the batch.
 
 Processing order (vLLM / HF / OpenAI conventions):
 
-1. suppression: ``suppress_token_ids`` set to ``-inf`` (min_tokens: the engine
-   passes EOS + stop_token_ids for rows below ``min_tokens``);
+1. masking to ``-inf``: ``suppress_token_ids`` (min_tokens: the engine passes EOS +
+   stop_token_ids for rows below ``min_tokens``), then every id outside the row's
+   ``allowed_mask`` (structured outputs: what its grammar allows next) or outside
+   ``SamplingParams.allowed_token_ids``;
+1b. ``SamplingParams.logit_bias`` added to its row (OpenAI: before sampling; a
+   forbidden id stays forbidden);
 2. repetition penalty (HF): over prompt AND output tokens,
    ``logit > 0 ? logit / p : logit * p``;
 3. presence / frequency penalties (OpenAI): over OUTPUT tokens only,
@@ -21,7 +25,8 @@ Processing order (vLLM / HF / OpenAI conventions):
    inverse CDF (``sample_inverse_cdf``).
 
 Logprobs are always those of the raw model distribution (``log_softmax`` of the
-logits passed in), as vLLM reports them by default.
+logits passed in: before masks, bias and penalties), as vLLM reports them by default.
+Every step above is row-local: a row's result never depends on the other rows.
 
 A row that cannot be sampled — every token masked, or a distribution that is not
 finite (NaN / inf after penalties or temperature) — is flagged in
@@ -39,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from roseinfer.runner.logit_constraints import combined_allowed_mask, logit_bias_entries
 from roseinfer.sampling_params import SamplingParams
 
 # Temperatures below this are treated as greedy (dividing by ~0 overflows).
@@ -62,6 +68,8 @@ class SamplingBatch:
     output_token_counts: Tensor | None  # [B, V] float32 counts of output tokens; None if no penalty
     seen_token_mask: Tensor | None  # [B, V] bool, prompt or output token; None if no penalty
     suppress_mask: Tensor | None  # [B, V] bool, True = forbidden; None if nothing suppressed
+    allowed_mask: Tensor | None  # [B, V] bool, True = allowed; None if no row restricts
+    logit_bias: tuple[Tensor, Tensor, Tensor] | None  # (rows, ids) int64, bias float32; [N] each
     max_num_logprobs: int | None  # max `logprobs` over rows; None = nobody asked
     vocab_size: int
     all_greedy: bool
@@ -77,7 +85,7 @@ class SamplingBatch:
 
     @property
     def any_suppress(self) -> bool:
-        return self.suppress_mask is not None
+        return self.suppress_mask is not None or self.allowed_mask is not None
 
     @classmethod
     def from_requests(
@@ -89,8 +97,14 @@ class SamplingBatch:
         suppress_token_ids: Sequence[Sequence[int]],
         vocab_size: int,
         device: torch.device,
+        allowed_mask: Tensor | None = None,
     ) -> SamplingBatch:
-        """Build the batch; every sequence argument has one entry per row."""
+        """Build the batch; every sequence argument has one entry per row.
+
+        ``allowed_mask``: [B, V] bool, the only ids each row may sample (structured
+        outputs; all True on unconstrained rows), or None. Token ids of ``allowed_token_ids`` / ``logit_bias`` outside
+        ``[0, V)`` raise ValueError (the engine validates them before queueing).
+        """
         b, v = len(params), int(vocab_size)
         for name, seq in (
             ("prompt_token_ids", prompt_token_ids),
@@ -145,6 +159,8 @@ class SamplingBatch:
             output_token_counts=counts,
             seen_token_mask=seen,
             suppress_mask=suppress,
+            allowed_mask=combined_allowed_mask(params, allowed_mask, v, device),
+            logit_bias=logit_bias_entries(params, v, device),
             max_num_logprobs=max(requested) if requested else None,
             vocab_size=v,
             all_greedy=all(greedy),
@@ -181,7 +197,7 @@ class Sampler:
                 f"(B={batch.batch_size}, V={batch.vocab_size})"
             )
         logits = logits.float()  # no copy when already float32
-        plain = not (batch.any_penalty or batch.any_suppress)
+        plain = not (batch.any_penalty or batch.any_suppress or batch.logit_bias is not None)
         if batch.all_greedy and plain and batch.max_num_logprobs is None:
             token_ids = logits.argmax(dim=-1)  # a NaN / +inf row picks a non-finite entry
             return SamplerOutput(token_ids, None, None, _finite_at(logits, token_ids))
@@ -190,6 +206,11 @@ class Sampler:
         x = logits  # [B, V]
         if batch.suppress_mask is not None:
             x = x.masked_fill(batch.suppress_mask, float("-inf"))
+        if batch.allowed_mask is not None:
+            x = torch.where(batch.allowed_mask, x, float("-inf"))
+        if batch.logit_bias is not None:
+            rows, ids, bias = batch.logit_bias
+            x = x.index_put((rows, ids), bias, accumulate=True)
         if batch.any_penalty:
             assert batch.output_token_counts is not None and batch.seen_token_mask is not None
             x = apply_penalties(

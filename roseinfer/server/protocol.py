@@ -1,23 +1,30 @@
 """Pydantic models of the HTTP API: OpenAI request/response shapes plus our extras.
 
 Requests are validated strictly (``"2"`` is not an int, ``true`` is not a number)
-so wrong types are a 400 before anything is tokenized or queued; unknown fields
-are ignored as OpenAI's SDK may send newer ones. Floats must be finite (JSON's
-``NaN``/``Infinity`` literals are refused), every string must be valid Unicode
-(``Text``: no lone surrogates, which ``json.loads`` lets through from ``"\\ud800"``
-or raw invalid UTF-8), and lists are bounded (the ``MAX_*`` constants, the
-README's "Limits").
+so wrong types are a 400 before anything is tokenized or queued. Nothing is silently
+ignored: an unknown field is a 400 naming it (chat / completions bodies keep theirs
+for the route to refuse in OpenAI's words), an OpenAI field roseinfer cannot honour
+(tools, audio, ...) is a 400 unless its value asks for nothing, and only labels that
+cannot change the output (``user``, ``metadata``, ...) are accepted and ignored.
+Floats must be finite (JSON's ``NaN``/``Infinity`` literals are refused), every string
+must be valid Unicode (``Text``: no lone surrogates, which ``json.loads`` lets through
+from ``"\\ud800"`` or raw invalid UTF-8), and lists are bounded (the ``MAX_*``
+constants, the README's "Limits").
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_serializer
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_serializer
 from pydantic_core import PydanticCustomError
 
 from roseinfer.sampling_params import (
+    MAX_ALLOWED_TOKEN_IDS,
+    MAX_LOGIT_BIAS,
+    MAX_LOGIT_BIAS_VALUE,
     MAX_LOGPROBS,
     MAX_N,
     MAX_STOP_STRING_CHARS,
@@ -25,13 +32,15 @@ from roseinfer.sampling_params import (
     MAX_STOP_TOKEN_IDS,
     SamplingParams,
 )
+from roseinfer.structured_outputs import MAX_CHOICES
 
 # Documented bounds (README "Limits"), besides those of SamplingParams and the body size.
 MAX_PROMPTS_PER_REQUEST = 256  # prompts in one /v1/completions request (a batch)
 MAX_MESSAGES = 4096  # messages in one chat or /tokenize request
 MAX_CONTENT_PARTS = 1024  # text parts in one chat message
 
-_REQUEST = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+_REQUEST = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+_TOP_REQUEST = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
 
 
 def _valid_unicode(value: Any) -> Any:
@@ -57,11 +66,28 @@ TokenIds = list[Annotated[int, Field(ge=0)]]
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_STRING_CHARS),
                        BeforeValidator(_valid_unicode)]
 Role = Literal["system", "developer", "user", "assistant", "tool"]
+JsonObject = dict[str, Any]
+
+
+def _unsupported(reason: str, *neutral: Any) -> AfterValidator:
+    """A field roseinfer does not implement: accepted only when null or one of the
+    ``neutral`` values that ask for nothing, otherwise a 400 naming it."""
+
+    def check(value: Any) -> Any:
+        if value is None or any(value == n for n in neutral):
+            return value
+        raise PydanticCustomError("unsupported", reason)
+
+    return AfterValidator(check)
+
+
+_NO_TOOLS = "tool calling is not supported yet"
 
 
 class StreamOptions(BaseModel):
     model_config = _REQUEST
     include_usage: bool | None = False
+    include_obfuscation: bool | None = None  # accepted; chunks never carry padding
 
 
 class TextPart(BaseModel):
@@ -75,6 +101,12 @@ class ChatMessage(BaseModel):
     role: Role
     content: Text | Annotated[list[TextPart], Field(max_length=MAX_CONTENT_PARTS)] | None = None
     name: Text | None = None
+    tool_call_id: Text | None = None  # passed to the chat template, as ``name`` is
+    tool_calls: Annotated[list[JsonObject] | None, _unsupported(_NO_TOOLS, [])] = None
+    function_call: Annotated[JsonObject | None, _unsupported(_NO_TOOLS)] = None
+    audio: Annotated[JsonObject | None, _unsupported("audio is not supported")] = None
+    refusal: Annotated[Text | None, _unsupported(
+        "refusal messages are not supported: send the text as content")] = None
 
     def text(self) -> str:
         if self.content is None:
@@ -84,10 +116,46 @@ class ChatMessage(BaseModel):
         return "".join(part.text for part in self.content)
 
 
+class JsonSchemaFormat(BaseModel):
+    """``response_format.json_schema``. The schema is always enforced (as with ``strict:
+    true``); ``name`` and ``description`` are labels (the model is not shown them)."""
+
+    model_config = _REQUEST
+    name: Annotated[Text, Field(min_length=1, max_length=64)]
+    description: Text | None = None
+    schema_: JsonObject = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's ``response_format``: ``text`` (no constraint), ``json_object`` or
+    ``json_schema`` (with ``json_schema``)."""
+
+    model_config = _REQUEST
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's ``structured_outputs`` body field: exactly one kind (``json`` is a schema,
+    as an object or its JSON text; ``grammar`` is Lark-like or GBNF)."""
+
+    model_config = _REQUEST
+    json_: JsonObject | Text | None = Field(None, alias="json")
+    json_object: bool | None = None
+    regex: Text | None = None
+    choice: Annotated[list[Text], Field(max_length=MAX_CHOICES)] | None = None
+    grammar: Text | None = None
+    disable_any_whitespace: bool = False
+
+
+LogitBias = Annotated[float, Field(ge=-MAX_LOGIT_BIAS_VALUE, le=MAX_LOGIT_BIAS_VALUE)]
+
+
 class SamplingFields(BaseModel):
     """Fields shared by chat and completions (OpenAI's plus common extras)."""
 
-    model_config = _REQUEST
+    model_config = _TOP_REQUEST
     model: Text | None = None
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0)
@@ -109,14 +177,22 @@ class SamplingFields(BaseModel):
     min_tokens: int | None = Field(0, ge=0)
     skip_special_tokens: bool | None = True
     include_stop_str_in_output: bool | None = False
+    # output constraints (mapped by roseinfer.server.structured)
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    logit_bias: Annotated[dict[Text, LogitBias], Field(max_length=MAX_LOGIT_BIAS)] | None = None
+    allowed_token_ids: Annotated[TokenIds, Field(min_length=1,
+                                                 max_length=MAX_ALLOWED_TOKEN_IDS)] | None = None
 
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
     def sampling_params(self, max_tokens: int, logprobs: int | None = None,
-                        prompt_logprobs: int | None = None) -> SamplingParams:
-        """SamplingParams from these fields (ValueError on inconsistent values)."""
+                        prompt_logprobs: int | None = None,
+                        constraints: Mapping[str, Any] | None = None) -> SamplingParams:
+        """SamplingParams from these fields plus ``constraints`` (the output-constraint
+        fields, already mapped); ValueError on inconsistent values."""
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
         return SamplingParams(
             n=self.n or 1,
@@ -137,6 +213,7 @@ class SamplingFields(BaseModel):
             prompt_logprobs=prompt_logprobs,
             include_stop_str_in_output=bool(self.include_stop_str_in_output),
             skip_special_tokens=self.skip_special_tokens is not False,
+            **(constraints or {}),
         )
 
 
@@ -145,6 +222,33 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    # OpenAI features roseinfer does not implement: a 400 unless the value asks for nothing
+    tools: Annotated[list[JsonObject] | None, _unsupported(_NO_TOOLS, [])] = None
+    tool_choice: Annotated[Literal["none", "auto", "required"] | JsonObject | None,
+                           _unsupported(_NO_TOOLS, "none")] = None
+    parallel_tool_calls: bool | None = None  # without tools there is nothing to parallelise
+    functions: Annotated[list[JsonObject] | None, _unsupported(_NO_TOOLS, [])] = None
+    function_call: Annotated[Literal["none", "auto"] | JsonObject | None,
+                             _unsupported(_NO_TOOLS, "none")] = None
+    audio: Annotated[JsonObject | None, _unsupported("audio output is not supported")] = None
+    modalities: Annotated[list[Literal["text", "audio"]] | None, _unsupported(
+        'only text output is supported: modalities must be ["text"]', ["text"])] = None
+    prediction: Annotated[JsonObject | None, _unsupported(
+        "predicted outputs are not supported")] = None
+    reasoning_effort: Annotated[Text | None, _unsupported(
+        'this model does not reason: reasoning_effort must be "none"', "none")] = None
+    verbosity: Annotated[Text | None, _unsupported("verbosity is not supported")] = None
+    web_search_options: Annotated[JsonObject | None, _unsupported(
+        "web search is not supported")] = None
+    moderation: Annotated[JsonObject | None, _unsupported("moderation is not supported")] = None
+    # labels: accepted and ignored (they cannot change what is generated)
+    store: bool | None = None
+    metadata: dict[Text, Text] | None = None
+    service_tier: Text | None = None
+    safety_identifier: Text | None = None
+    prompt_cache_key: Text | None = None
+    prompt_cache_retention: Text | None = None
+    prompt_cache_options: JsonObject | None = None
 
 
 class CompletionRequest(SamplingFields):
@@ -153,7 +257,8 @@ class CompletionRequest(SamplingFields):
              | Annotated[list[TokenIds], Field(max_length=MAX_PROMPTS_PER_REQUEST)])
     echo: bool | None = False
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    suffix: Text | None = None
+    suffix: Text | None = None  # refused unless empty (the route)
+    best_of: int | None = Field(None, ge=1)  # only best_of == n (the route)
 
 
 class GenerateRequest(BaseModel):

@@ -1,8 +1,9 @@
 """OpenAI-compatible routes: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``.
 
-Each handler validates (pydantic, then SamplingParams), renders/tokenizes the
-prompt and checks its length BEFORE queuing, so a bad request is a 400 that never
-reaches the engine loop. Streams are Server-Sent Events ending in ``[DONE]``.
+Each handler validates (pydantic, unknown fields, the output constraints, then
+SamplingParams), renders/tokenizes the prompt, checks its length and compiles its
+grammar BEFORE queuing, so a bad request is a 400 that never reaches the engine loop.
+Streams are Server-Sent Events ending in ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -33,10 +34,12 @@ from roseinfer.server.protocol import (
     DeltaMessage,
     ModelCard,
     ModelList,
+    SamplingFields,
     Usage,
 )
 from roseinfer.server.state import ServerState, collect, engine_error, get_state, make_params
 from roseinfer.server.streaming import SSE_DONE, StreamResponse, sse
+from roseinfer.server.structured import check_constraints, constraint_fields
 
 router = APIRouter()
 DEFAULT_MODEL_ROOT = "SmolLM2-135M-Instruct (bundled GGUF)"
@@ -61,6 +64,12 @@ def _completion_tokens(finals: list[RequestOutput]) -> int:
     return sum(len(c.token_ids) for out in finals for c in out.outputs)
 
 
+def _refuse_unknown_fields(body: SamplingFields) -> None:
+    """A field this server does not know could change the output: a 400 naming it."""
+    for name in body.model_extra or {}:
+        raise bad_request(f"Unrecognized request argument supplied: {name}", name)
+
+
 @router.get("/v1/models")
 async def list_models(request: Request) -> ModelList:
     state = get_state(request)
@@ -74,14 +83,17 @@ async def list_models(request: Request) -> ModelList:
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response | Any:
     arrival = time.monotonic()
     state = get_state(request)
+    _refuse_unknown_fields(body)
     model = state.check_model(body.model)
     if body.top_logprobs and not body.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
+    constraints = constraint_fields(body)
     prompt_ids = await state.render_chat(body.messages)
     max_tokens = state.check_prompt(prompt_ids, body.max_completion_tokens or body.max_tokens,
                                     "messages")
     top_n = (body.top_logprobs or 0) if body.logprobs else None
-    params = make_params(body.sampling_params, max_tokens, top_n)
+    params = make_params(body.sampling_params, max_tokens, top_n, constraints=constraints)
+    await check_constraints(state, params, body)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     stream = state.submit([PendingRequest(rid, prompt_ids, params, arrival_time=arrival)])
     if body.stream:
@@ -172,15 +184,21 @@ async def _completion_prompts(state: ServerState,
 async def completions(body: CompletionRequest, request: Request) -> Response | Any:
     arrival = time.monotonic()
     state = get_state(request)
+    _refuse_unknown_fields(body)
     model = state.check_model(body.model)
     if body.suffix:
         raise bad_request("suffix is not supported", "suffix")
+    if body.best_of is not None and body.best_of != (body.n or 1):
+        raise bad_request("best_of is not supported (other than best_of == n)", "best_of")
+    constraints = constraint_fields(body)
     prompts = await _completion_prompts(state, body)
     max_tokens = body.max_tokens if body.max_tokens is not None else 16
     for _, ids in prompts:
         state.check_prompt(ids, max_tokens, "prompt")
     echo_lp = body.logprobs if body.echo else None
-    params = make_params(body.sampling_params, max_tokens, body.logprobs, echo_lp)
+    params = make_params(body.sampling_params, max_tokens, body.logprobs, echo_lp,
+                         constraints=constraints)
+    await check_constraints(state, params, body)
     base = f"cmpl-{uuid.uuid4().hex}"
     rids = [f"{base}-{i}" for i in range(len(prompts))]
     stream = state.submit([PendingRequest(rid, ids, params, arrival_time=arrival)

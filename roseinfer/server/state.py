@@ -86,7 +86,9 @@ class ServerState:
     async def render_chat(self, messages: Sequence[ChatMessage],
                           add_generation_prompt: bool = True) -> list[int]:
         tok = self._tokenizer()
-        conv = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+        # name / tool_call_id go to the template too: rendered if the model's template uses them
+        conv = [{"role": "system" if m.role == "developer" else m.role, "content": m.text(),
+                 **{k: v for k, v in (("name", m.name), ("tool_call_id", m.tool_call_id)) if v}}
                 for m in messages]
 
         def render() -> list[int]:
