@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from roseinfer.outputs import Logprob
-from roseinfer.server.protocol import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
+from roseinfer.server.responses import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
 
 Entry = dict[int, Logprob]
 Decode = Callable[[int], str]

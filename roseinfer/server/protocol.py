@@ -4,7 +4,7 @@ Requests are validated strictly (``"2"`` is not an int, ``true`` is not a number
 so wrong types are a 400 before anything is tokenized or queued. Nothing is silently
 ignored: an unknown field is a 400 naming it (chat / completions bodies keep theirs
 for the route to refuse in OpenAI's words), an OpenAI field roseinfer cannot honour
-(tools, audio, ...) is a 400 unless its value asks for nothing, and only labels that
+(functions, audio, ...) is a 400 unless its value asks for nothing, and only labels that
 cannot change the output (``user``, ``metadata``, ...) are accepted and ignored.
 Floats must be finite (JSON's ``NaN``/``Infinity`` literals are refused), every string
 must be valid Unicode (``Text``: no lone surrogates, which ``json.loads`` lets through
@@ -14,11 +14,10 @@ constants, the README's "Limits").
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_serializer
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
 from roseinfer.sampling_params import (
@@ -81,7 +80,58 @@ def _unsupported(reason: str, *neutral: Any) -> AfterValidator:
     return AfterValidator(check)
 
 
-_NO_TOOLS = "tool calling is not supported yet"
+_NO_FUNCTIONS = "functions / function_call are deprecated and not supported: use tools"
+MAX_TOOLS = 128  # tools in one chat request
+
+
+class FunctionDefinition(BaseModel):
+    model_config = _REQUEST
+    name: Text
+    description: Text | None = None
+    parameters: JsonObject | None = None  # a JSON schema; absent: no arguments
+    strict: bool | None = None  # calls always follow the schema when tools constrain output
+
+
+class ToolDefinition(BaseModel):
+    model_config = _REQUEST
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class CalledFunction(BaseModel):
+    model_config = _REQUEST
+    name: Text
+    arguments: Text  # JSON text
+
+
+class ToolCall(BaseModel):
+    """A call in an assistant message (request) or in a response message."""
+
+    model_config = _REQUEST
+    id: Text
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
+def _shaped(model: type[BaseModel], what: str) -> AfterValidator:
+    """A list of JSON objects that must each be a ``model``: a 400 naming the list."""
+
+    def check(value: list[Any] | None) -> list[Any] | None:
+        if value is None:
+            return None
+        out = []
+        for i, item in enumerate(value):
+            try:
+                out.append(model.model_validate(item))
+            except ValueError as exc:
+                first = exc.errors()[0] if hasattr(exc, "errors") else {}
+                where = ".".join(str(p) for p in first.get("loc", ()))
+                raise PydanticCustomError("invalid_" + what, "{what} {i} is invalid: {why}", {
+                    "what": what, "i": i,
+                    "why": f"{where}: {first.get('msg', exc)}" if where else str(exc)}) from None
+        return out
+
+    return AfterValidator(check)
 
 
 class StreamOptions(BaseModel):
@@ -102,8 +152,8 @@ class ChatMessage(BaseModel):
     content: Text | Annotated[list[TextPart], Field(max_length=MAX_CONTENT_PARTS)] | None = None
     name: Text | None = None
     tool_call_id: Text | None = None  # passed to the chat template, as ``name`` is
-    tool_calls: Annotated[list[JsonObject] | None, _unsupported(_NO_TOOLS, [])] = None
-    function_call: Annotated[JsonObject | None, _unsupported(_NO_TOOLS)] = None
+    tool_calls: Annotated[list[JsonObject] | None, _shaped(ToolCall, "tool call")] = None
+    function_call: Annotated[JsonObject | None, _unsupported(_NO_FUNCTIONS)] = None
     audio: Annotated[JsonObject | None, _unsupported("audio is not supported")] = None
     refusal: Annotated[Text | None, _unsupported(
         "refusal messages are not supported: send the text as content")] = None
@@ -222,14 +272,14 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    tools: Annotated[list[JsonObject], Field(max_length=MAX_TOOLS),
+                     _shaped(ToolDefinition, "tool")] | None = None
+    tool_choice: Literal["none", "auto", "required"] | JsonObject | None = None
+    parallel_tool_calls: bool | None = None
     # OpenAI features roseinfer does not implement: a 400 unless the value asks for nothing
-    tools: Annotated[list[JsonObject] | None, _unsupported(_NO_TOOLS, [])] = None
-    tool_choice: Annotated[Literal["none", "auto", "required"] | JsonObject | None,
-                           _unsupported(_NO_TOOLS, "none")] = None
-    parallel_tool_calls: bool | None = None  # without tools there is nothing to parallelise
-    functions: Annotated[list[JsonObject] | None, _unsupported(_NO_TOOLS, [])] = None
+    functions: Annotated[list[JsonObject] | None, _unsupported(_NO_FUNCTIONS, [])] = None
     function_call: Annotated[Literal["none", "auto"] | JsonObject | None,
-                             _unsupported(_NO_TOOLS, "none")] = None
+                             _unsupported(_NO_FUNCTIONS, "none")] = None
     audio: Annotated[JsonObject | None, _unsupported("audio output is not supported")] = None
     modalities: Annotated[list[Literal["text", "audio"]] | None, _unsupported(
         'only text output is supported: modalities must be ["text"]', ["text"])] = None
@@ -288,123 +338,3 @@ class DetokenizeRequest(BaseModel):
     model_config = _REQUEST
     model: Text | None = None
     tokens: TokenIds
-
-
-# --------------------------------------------------------------------- responses
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-    @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int) -> Usage:
-        return cls(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                   total_tokens=prompt_tokens + completion_tokens)
-
-
-class TopLogprob(BaseModel):
-    token: str
-    logprob: float
-    bytes: list[int] | None
-
-
-class TokenLogprob(TopLogprob):
-    top_logprobs: list[TopLogprob]
-
-
-class ChatLogprobs(BaseModel):
-    content: list[TokenLogprob] | None
-
-
-class CompletionLogprobs(BaseModel):
-    tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float | None] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
-    text_offset: list[int] = Field(default_factory=list)
-
-
-class AssistantMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str | None
-
-
-class DeltaMessage(BaseModel):
-    """A streamed chat delta: absent fields are left out, as OpenAI does."""
-
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-
-    @model_serializer
-    def _skip_none(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if self.role is not None:
-            out["role"] = self.role
-        if self.content is not None:
-            out["content"] = self.content
-        return out
-
-
-class ChatChoice(BaseModel):
-    index: int
-    message: AssistantMessage
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
-
-
-class ChatChunkChoice(BaseModel):
-    index: int
-    delta: DeltaMessage
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
-
-
-class CompletionChoice(BaseModel):
-    index: int
-    text: str
-    logprobs: CompletionLogprobs | None = None
-    finish_reason: str | None = None
-
-
-def _now() -> int:
-    return int(time.time())
-
-
-class ChatCompletionResponse(BaseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=_now)
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage
-
-
-class ChatCompletionChunk(BaseModel):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChatChunkChoice]
-    usage: Usage | None = None
-
-
-class CompletionResponse(BaseModel):
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=_now)
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage | None = None
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int = Field(default_factory=_now)
-    owned_by: str = "roseinfer"
-    root: str | None = None
-    max_model_len: int | None = None
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]

@@ -20,26 +20,26 @@ from roseinfer.engine.request_stream import PendingRequest, RequestStream
 from roseinfer.outputs import CompletionOutput, RequestOutput
 from roseinfer.server.errors import bad_request
 from roseinfer.server.logprobs import chat_logprobs, completion_logprobs
-from roseinfer.server.protocol import (
+from roseinfer.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from roseinfer.server.responses import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
-    ChatCompletionRequest,
     ChatCompletionResponse,
     CompletionChoice,
     CompletionLogprobs,
-    CompletionRequest,
     CompletionResponse,
     DeltaMessage,
     ModelCard,
     ModelList,
-    SamplingFields,
     Usage,
 )
 from roseinfer.server.state import ServerState, collect, engine_error, get_state, make_params
 from roseinfer.server.streaming import SSE_DONE, StreamResponse, sse
 from roseinfer.server.structured import check_constraints, constraint_fields
+from roseinfer.server.tool_stream import ToolCallParser, call_deltas, finish_reason, tool_message
+from roseinfer.server.tools import plan_tools, tool_constraint
 
 router = APIRouter()
 DEFAULT_MODEL_ROOT = "SmolLM2-135M-Instruct (bundled GGUF)"
@@ -87,38 +87,43 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     model = state.check_model(body.model)
     if body.top_logprobs and not body.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
-    constraints = constraint_fields(body)
-    prompt_ids = await state.render_chat(body.messages)
+    plan = plan_tools(body)
+    constraints = await tool_constraint(plan, state.validator, constraint_fields(body))
+    prompt_ids = await state.render_chat(body.messages,
+                                         tools=plan.tools if plan.active else None)
     max_tokens = state.check_prompt(prompt_ids, body.max_completion_tokens or body.max_tokens,
                                     "messages")
     top_n = (body.top_logprobs or 0) if body.logprobs else None
     params = make_params(body.sampling_params, max_tokens, top_n, constraints=constraints)
-    await check_constraints(state, params, body)
+    if not plan.active:
+        await check_constraints(state, params, body)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     stream = state.submit([PendingRequest(rid, prompt_ids, params, arrival_time=arrival)])
     if body.stream:
         events = _chat_events(state, stream, rid, model, len(prompt_ids), top_n,
-                              body.include_usage)
+                              body.include_usage, plan.active)
         return StreamResponse(events, on_close=stream.abort)
     final = (await collect(stream, request))[rid]
     decode = _decoder(state)
-    choices = [
-        ChatChoice(
-            index=c.index, message=AssistantMessage(content=c.text),
-            finish_reason=_finish(c.finish_reason),
+    choices = []
+    for c in final.outputs:
+        message, finish = (tool_message(c.text, c.finish_reason) if plan.active else
+                           (AssistantMessage(content=c.text), _finish(c.finish_reason)))
+        choices.append(ChatChoice(
+            index=c.index, message=message, finish_reason=finish,
             logprobs=chat_logprobs(c.token_ids, c.logprobs or [], top_n, decode)
-            if top_n is not None else None,
-        )
-        for c in final.outputs
-    ]
+            if top_n is not None else None))
     return ChatCompletionResponse(id=rid, model=model, choices=choices,
                                   usage=Usage.of(len(prompt_ids), _completion_tokens([final])))
 
 
 async def _chat_events(state: ServerState, stream: RequestStream, rid: str, model: str,
                        num_prompt: int, top_n: int | None,
-                       include_usage: bool) -> AsyncIterator[str]:
+                       include_usage: bool, tools: bool = False) -> AsyncIterator[str]:
+    """The chat stream; with ``tools``, calls come as ``delta.tool_calls`` once each
+    ``<tool_call>`` block closes (``ToolCallParser``), the text outside blocks as content."""
     created = int(time.time())
+    parsers: dict[int, ToolCallParser] = {}
     exclude = None if include_usage else {"usage"}
     started: set[int] = set()
     done: set[int] = set()
@@ -143,12 +148,28 @@ async def _chat_events(state: ServerState, stream: RequestStream, rid: str, mode
                 lps = None
                 if top_n is not None and c.delta_logprobs:
                     lps = chat_logprobs(c.delta_token_ids, c.delta_logprobs, top_n, decode)
-                if c.delta_text or lps is not None:
-                    yield chunk(c.index, DeltaMessage(content=c.delta_text), logprobs=lps)
+                if not tools:
+                    if c.delta_text or lps is not None:
+                        yield chunk(c.index, DeltaMessage(content=c.delta_text), logprobs=lps)
+                    if c.finish_reason is not None:
+                        done.add(c.index)
+                        completion_tokens += len(c.token_ids)
+                        yield chunk(c.index, DeltaMessage(), _finish(c.finish_reason))
+                    continue
+                parser = parsers.setdefault(c.index, ToolCallParser())
+                made = len(parser.calls)
+                text, calls = parser.feed(c.delta_text)
+                if c.finish_reason is not None:
+                    text += parser.finish()
+                if text or lps is not None:
+                    yield chunk(c.index, DeltaMessage(content=text), logprobs=lps)
+                for delta in call_deltas(calls, made):
+                    yield chunk(c.index, delta)
                 if c.finish_reason is not None:
                     done.add(c.index)
                     completion_tokens += len(c.token_ids)
-                    yield chunk(c.index, DeltaMessage(), _finish(c.finish_reason))
+                    yield chunk(c.index, DeltaMessage(),
+                                finish_reason(c.finish_reason, bool(parser.calls)))
         if include_usage:
             usage = ChatCompletionChunk(id=rid, created=created, model=model, choices=[],
                                         usage=Usage.of(num_prompt, completion_tokens))

@@ -28,8 +28,9 @@ from roseinfer.outputs import RequestOutput
 from roseinfer.sampling_params import SamplingParams
 from roseinfer.server.errors import APIError, bad_request
 from roseinfer.server.metrics import ServerMetrics
-from roseinfer.server.protocol import ChatMessage
+from roseinfer.server.protocol import ChatMessage, ToolDefinition
 from roseinfer.server.streaming import ClientDisconnectedError, until_disconnect
+from roseinfer.server.tools import chat_conversation, template_renders_tools, tool_json
 
 
 @dataclass(frozen=True)
@@ -84,16 +85,22 @@ class ServerState:
         return await run_in_threadpool(tok.encode, text, add_special_tokens)
 
     async def render_chat(self, messages: Sequence[ChatMessage],
-                          add_generation_prompt: bool = True) -> list[int]:
+                          add_generation_prompt: bool = True,
+                          tools: Sequence[ToolDefinition] | None = None) -> list[int]:
+        """Prompt ids of a conversation; ``tools`` (OpenAI shapes) are shown to the model
+        through its template when the template renders them, else through the default
+        tool prompt (``roseinfer.server.tools``)."""
         tok = self._tokenizer()
-        # name / tool_call_id go to the template too: rendered if the model's template uses them
-        conv = [{"role": "system" if m.role == "developer" else m.role, "content": m.text(),
-                 **{k: v for k, v in (("name", m.name), ("tool_call_id", m.tool_call_id)) if v}}
-                for m in messages]
 
         def render() -> list[int]:
-            text = tok.apply_chat_template(conv, add_generation_prompt=add_generation_prompt)
-            return tok.encode(text, add_special_tokens=False)
+            native = template_renders_tools(tok)
+            conv = chat_conversation(messages, native, None if native else tools)
+            kwargs = {"tools": [tool_json(t) for t in tools]} if native and tools else {}
+            text = tok.hf.apply_chat_template(conv, tokenize=False,
+                                              add_generation_prompt=add_generation_prompt,
+                                              **kwargs) if kwargs else tok.apply_chat_template(
+                conv, add_generation_prompt=add_generation_prompt)
+            return tok.encode(str(text), add_special_tokens=False)
 
         try:
             return await run_in_threadpool(render)

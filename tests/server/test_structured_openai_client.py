@@ -106,7 +106,7 @@ def test_openai_client_sees_the_400s(client) -> None:
     c, _ = client
     with pytest.raises(openai.BadRequestError) as info:
         c.chat.completions.create(model=MODEL_NAME, messages=MSG, max_tokens=2, tools=[
-            {"type": "function", "function": {"name": "f", "parameters": {}}}])
+            {"type": "function", "function": {"name": "f", "parameters": {"type": "bogus"}}}])
     assert info.value.param == "tools"
     with pytest.raises(openai.BadRequestError) as info:
         c.chat.completions.create(model=MODEL_NAME, messages=MSG, max_tokens=2,
