@@ -128,6 +128,7 @@ class LLMEngine:
                                         self.device)
         self._groups: dict[str, _Group] = {}
         self._counter = 0
+        self._checked_params: SamplingParams | None = None  # the last params that passed
         self.stats = EngineStats(num_total_blocks=num_blocks)
 
     # -------------------------------------------------------------- requests
@@ -149,7 +150,10 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("params must be a SamplingParams", "params")
         prompt_ids = self.encode_prompt(prompt)
-        self.validator.check(prompt_ids, params)
+        self.validator.check_prompt(prompt_ids)
+        if params is not self._checked_params:  # prompts of one batch share their params:
+            self.validator.check_params(params)  # O(allowed ids + bias + stops) once
+            self._checked_params = params
         return prompt_ids
 
     def add_request(

@@ -147,8 +147,8 @@ class ServerState:
 
     # ------------------------------------------------------------- submit
     def submit(self, requests: Sequence[PendingRequest]) -> RequestStream:
-        for r in requests:
-            self.check_params(r.params)
+        for params in {id(r.params): r.params for r in requests}.values():
+            self.check_params(params)  # the prompts of one request share their params
         try:
             return self.engine.add_requests(requests)
         except RequestTooLargeError as exc:
