@@ -23,12 +23,7 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import random
-import shlex
-import signal
-import socket
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -38,6 +33,7 @@ from typing import Any
 
 import httpx
 
+from roseinfer.bench.server_process import start_server, stop_server, wait_healthy
 from roseinfer.bench.serving import make_prompt
 from roseinfer.bench.sse_client import HTTPStatusError, post_sse
 
@@ -269,32 +265,6 @@ async def run_soak(soak: Soak) -> None:
 
 
 # ---------------------------------------------------------------- server
-def start_server(serve_args: str, log_path: Path) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "roseinfer.cli", "serve", "--host", "127.0.0.1",
-           "--port", str(port), *shlex.split(serve_args)]
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
-    print(f"started: {shlex.join(cmd)} (pid {proc.pid}, log {log_path})", flush=True)
-    return proc, f"http://127.0.0.1:{port}"
-
-
-def wait_healthy(url: str, proc: subprocess.Popen | None, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        time.sleep(0.5)
-    raise SystemExit(f"server not healthy after {timeout:.0f}s")
-
-
 def engine_gauges(url: str) -> dict[str, float]:
     wanted = ("num_requests_running", "num_requests_waiting", "kv_cache_free_blocks",
               "kv_cache_total_blocks", "num_preemptions_total")
@@ -388,12 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         soak.rss["end"] = rss_kib(pid)
     finally:
         if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                exit_code = proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                exit_code = proc.wait(10)
+            exit_code = stop_server(proc)
     result = report(soak, gauges, exit_code)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

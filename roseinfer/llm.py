@@ -9,19 +9,28 @@ Constrained outputs go through ``SamplingParams`` like everything else::
 
 A schema / regex / grammar that cannot be compiled raises ``InvalidRequestError``
 (``param == "structured_outputs"``) before any prompt is queued.
+
+Tools are OpenAI-shaped, as on the server (``roseinfer.tool_calls``)::
+
+    out = llm.chat(messages, params, tools=[{"type": "function", "function": {
+        "name": "get_weather", "parameters": {...}}}], tool_choice="required")
+    out[0].outputs[0].tool_calls  # (ToolCall(id, name, arguments: JSON text), ...)
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from roseinfer.config import EngineConfig
 from roseinfer.engine.engine import LLMEngine
 from roseinfer.outputs import RequestOutput
 from roseinfer.sampling_params import SamplingParams
+from roseinfer.tool_calls import Tool, chat_prompt_ids, plan_tools, tool_constraint, with_tool_calls
 
 Prompt = str | list[int]
+Message = Mapping[str, Any]
 
 
 class LLM:
@@ -78,19 +87,48 @@ class LLM:
 
     def chat(
         self,
-        messages: list[dict[str, str]] | Sequence[list[dict[str, str]]],
+        messages: Sequence[Message] | Sequence[Sequence[Message]],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: str | Mapping[str, Any] = "auto",
+        parallel_tool_calls: bool = True,
     ) -> list[RequestOutput]:
-        """Apply the model's chat template to each conversation and generate."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [self.render_chat(conv) for conv in conversations]  # type: ignore[arg-type]
-        return self.generate(prompts, params)
+        """Apply the model's chat template to each conversation and generate.
 
-    def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        ``tools`` (OpenAI's ``{"type": "function", "function": {"name", "description",
+        "parameters"}}``), ``tool_choice`` (``"none"``, ``"auto"``, ``"required"`` or
+        ``{"type": "function", "function": {"name": ...}}``) and ``parallel_tool_calls``
+        work as on the server: the tools are shown to the model, calls are constrained to
+        ``<tool_call>`` blocks whose arguments match the tool's schema, and each output
+        carries ``tool_calls`` (``text`` is the content outside them; ``finish_reason``
+        is ``"tool_calls"`` when it stopped after making calls). Messages may be
+        assistant turns with ``tool_calls`` and ``tool`` turns with ``tool_call_id``.
+        Bad tools, or tools with ``params.structured_outputs``, raise
+        ``InvalidRequestError`` naming ``tools`` / ``tool_choice``.
+        """
+        conversations = ([messages] if messages and isinstance(messages[0], Mapping)
+                         else messages)
+        plan = plan_tools(tools, None if not tools and tool_choice == "auto" else tool_choice,
+                          parallel_tool_calls)
+        param_list = _as_param_list(params, len(conversations))
+        constrained = any(p.structured_outputs is not None for p in param_list)
+        spec = tool_constraint(plan, self.engine.validator.compile_grammar,
+                               "SamplingParams.structured_outputs" if constrained else None)
+        if spec is not None:  # one constrained copy of each distinct params
+            swapped = {id(p): replace(p, structured_outputs=spec) for p in param_list}
+            param_list = [swapped[id(p)] for p in param_list]
+        shown = plan.tools if plan.active else None
+        prompts = [self.render_chat(conv, shown) for conv in conversations]  # type: ignore[arg-type]
+        outs = self.generate(prompts, param_list)
+        return [with_tool_calls(o) for o in outs] if plan.active else outs
+
+    def render_chat(self, messages: Sequence[Message],
+                    tools: Sequence[Tool] | None = None) -> list[int]:
+        """Prompt ids of a conversation (with ``tools`` shown to the model)."""
         if self.engine.tokenizer is None:
             raise ValueError("this model has no tokenizer, so no chat template")
-        text = self.engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        return self.engine.tokenizer.encode(text, add_special_tokens=False)
+        return chat_prompt_ids(self.engine.tokenizer, messages, tools)
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[str]:
         """Generate for one prompt, yielding text deltas as they are produced.

@@ -12,18 +12,34 @@ class Logprob:
     decoded_token: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A function call the model made (chat with tools): ``arguments`` is JSON text."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def openai(self) -> dict[str, object]:
+        """OpenAI's shape, as an assistant message's ``tool_calls`` entry."""
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
+
+
 @dataclass(slots=True)
 class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None = None  # "stop", "length", "abort", "error"; None while running
+    # "stop", "length", "abort", "error" ("tool_calls": chat with tools); None while running
+    finish_reason: str | None = None
     stop_reason: str | int | None = None  # matched stop string / stop token id
     logprobs: list[dict[int, Logprob]] | None = None  # per generated token: id -> Logprob
     cumulative_logprob: float | None = None
     delta_text: str = ""  # text added since the previous output of this request
     delta_token_ids: list[int] = field(default_factory=list)
     delta_logprobs: list[dict[int, Logprob]] | None = None
+    tool_calls: tuple[ToolCall, ...] = ()  # chat with tools: the calls (text: the rest)
 
     @property
     def finished(self) -> bool:

@@ -28,9 +28,10 @@ from roseinfer.outputs import RequestOutput
 from roseinfer.sampling_params import SamplingParams
 from roseinfer.server.errors import APIError, bad_request
 from roseinfer.server.metrics import ServerMetrics
-from roseinfer.server.protocol import ChatMessage, ToolDefinition
+from roseinfer.server.protocol import ChatMessage
 from roseinfer.server.streaming import ClientDisconnectedError, until_disconnect
-from roseinfer.server.tools import chat_conversation, template_renders_tools, tool_json
+from roseinfer.server.tools import message_dicts
+from roseinfer.tool_calls import Tool, chat_prompt_ids
 
 
 @dataclass(frozen=True)
@@ -86,24 +87,14 @@ class ServerState:
 
     async def render_chat(self, messages: Sequence[ChatMessage],
                           add_generation_prompt: bool = True,
-                          tools: Sequence[ToolDefinition] | None = None) -> list[int]:
-        """Prompt ids of a conversation; ``tools`` (OpenAI shapes) are shown to the model
-        through its template when the template renders them, else through the default
-        tool prompt (``roseinfer.server.tools``)."""
+                          tools: Sequence[Tool] | None = None) -> list[int]:
+        """Prompt ids of a conversation; ``tools`` are shown to the model through its
+        template when the template renders them, else through the default tool prompt
+        (``roseinfer.tool_calls``)."""
         tok = self._tokenizer()
-
-        def render() -> list[int]:
-            native = template_renders_tools(tok)
-            conv = chat_conversation(messages, native, None if native else tools)
-            kwargs = {"tools": [tool_json(t) for t in tools]} if native and tools else {}
-            text = tok.hf.apply_chat_template(conv, tokenize=False,
-                                              add_generation_prompt=add_generation_prompt,
-                                              **kwargs) if kwargs else tok.apply_chat_template(
-                conv, add_generation_prompt=add_generation_prompt)
-            return tok.encode(str(text), add_special_tokens=False)
-
         try:
-            return await run_in_threadpool(render)
+            return await run_in_threadpool(chat_prompt_ids, tok, message_dicts(messages),
+                                           tools, add_generation_prompt)
         except ValueError as exc:
             raise bad_request(str(exc), "messages") from exc
         except Exception as exc:  # jinja errors raised by the template itself

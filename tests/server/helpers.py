@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import uvicorn
 
+from roseinfer.bench.server_process import wait_healthy as wait_server_healthy
 from roseinfer.engine.async_engine import AsyncEngine
 from roseinfer.server.app import create_app
 from roseinfer.server.state import ServerSettings
@@ -30,15 +31,11 @@ def free_port() -> int:
 
 
 def wait_healthy(url: str, proc: subprocess.Popen | None, timeout: float, log: Path) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        time.sleep(0.25)
-    raise RuntimeError(f"server not healthy after {timeout}s:\n{log.read_text()[-4000:]}")
+    """The benchmarks' wait, with the server log's tail in the error."""
+    try:
+        wait_server_healthy(url, proc, timeout, interval=0.25)
+    except SystemExit as exc:
+        raise RuntimeError(f"{exc}:\n{log.read_text()[-4000:]}") from None
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 30) -> int:
