@@ -4,13 +4,13 @@
 says whether it works; every caller falls back to plain PyTorch when it does not
 (no compiler, unsupported platform, or ``ROSEINFER_CPU_KERNELS=0``).  What it adds:
 
-* ``torch.classes.roseinfer.Linear``: fp16-weight GEMM (fbgemm) with the output
-  columns split over the intra-op threads, or the fp32 weight through MKL; optionally
-  a bf16 copy for large inputs (oneDNN's bf16 GEMM);
-* ``torch.ops.roseinfer.paged_decode_attention``: decode attention straight from
-  the paged KV cache (no gather of every request's K/V);
-* ``torch.classes.roseinfer.LlamaStack``: all decoder layers of a decode step in one
-  call (norms, rotary, KV writes, attention, MLP), so no Python runs per layer.
+* ``torch.classes.roseinfer.Linear``: int8-weight GEMM (W8A32, every input size),
+  fp16-weight GEMM (fbgemm) with the output columns split over the intra-op threads,
+  or the fp32 weight; optionally a bf16 copy for large inputs (oneDNN's bf16 GEMM);
+* ``torch.ops.roseinfer.paged_attention``: attention of every row (decode or prefill)
+  straight from the paged KV cache, one arithmetic per row (batch invariance);
+* ``torch.classes.roseinfer.LlamaStack``: all decoder layers of a step in one call
+  (norms, rotary, KV writes, attention, MLP), so no Python runs per layer.
 """
 
 from __future__ import annotations
@@ -55,27 +55,38 @@ def unavailable_reason() -> str | None:
 
 
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, fp16: bool,
-                bf16_min_rows: int = 0, int8_max_rows: int = 0) -> object:
-    """A ``torch.classes.roseinfer.Linear`` over ``weight`` [N, K] (kernels must be loaded);
-    with ``bf16_min_rows`` > 0 it also keeps a bf16 copy for inputs of that many rows, with
-    ``int8_max_rows`` > 0 an int8 copy (``quantize_int8_blocks``) for inputs up to that many
-    rows (needs K % 32 == 0; ignored otherwise)."""
+                bf16_min_rows: int = 0, int8: bool = False) -> object:
+    """A ``torch.classes.roseinfer.Linear`` over ``weight`` [N, K] (kernels must be loaded).
+
+    ``int8``: int8 weights with one scale per 32 (``quantize_int8_blocks``) and fp32
+    activations for every input size (needs K % 32 == 0; else the fp16 / fp32 weight is
+    kept).  Otherwise fp16 (fbgemm) or the fp32 weight, plus, with ``bf16_min_rows`` > 0,
+    a bf16 copy for inputs of at least that many rows (not batch-invariant)."""
     w = weight.detach().float().contiguous()
-    linear = torch.classes.roseinfer.Linear(w, None if bias is None else bias.detach().float(),
-                                            fp16)
+    b = None if bias is None else bias.detach().float()
+    if int8 and w.shape[1] % 32 == 0:
+        linear = torch.classes.roseinfer.Linear(w, b, False)
+        q, scales = quantize_int8_blocks(w)
+        linear.set_int8_weight(q, scales)  # drops the fp32 weight
+        return linear
+    linear = torch.classes.roseinfer.Linear(w, b, fp16)
     if bf16_min_rows > 0:
         linear.set_bf16_weight(w.to(torch.bfloat16).contiguous(), bf16_min_rows)
-    if int8_max_rows > 0 and w.shape[1] % 32 == 0:
-        q, scales = quantize_int8_blocks(w)
-        linear.set_int8_weight(q, scales, int8_max_rows)
     return linear
 
 
 def quantize_int8_blocks(weight: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int8 per block of ``block`` weights along a row: weight [N, K] ->
-    (q int8 [N, K], scales float32 [N, K / block]), weight ~= q * scale per block."""
+    (q int8 [N, K], scales float32 [N, K / block]), weight ~= q * scale per block.
+
+    Each scale is max|w| / 127 rounded UP to a float with a 4-bit significand (and at
+    least 2^-24), so |q| <= 127 and every q * scale (at most 11 significant bits) is
+    exact in fp16: the int8 and fp16 copies of ``Q8Gemm`` hold the same values.  The
+    rounding costs at most 1/8 of the scale's resolution."""
     n, k = weight.shape
     groups = weight.float().reshape(n, k // block, block)
-    scales = groups.abs().amax(-1).clamp(min=1e-12) / 127.0  # [N, K / block]
+    raw = (groups.abs().amax(-1) / 127.0).clamp(min=2.0**-24)  # [N, K / block]
+    mant, exp = torch.frexp(raw)  # raw = mant * 2^exp, mant in [0.5, 1)
+    scales = torch.ldexp(torch.ceil(mant * 16) / 16, exp)  # 4-bit significand, >= raw
     q = torch.round(groups / scales.unsqueeze(-1)).clamp_(-127, 127).to(torch.int8)
-    return q.reshape(n, k).contiguous(), scales.contiguous()
+    return q.reshape(n, k).contiguous(), scales.float().contiguous()

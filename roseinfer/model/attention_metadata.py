@@ -12,6 +12,9 @@ attention reuses:
 * prefill part: every other sequence gets a :class:`PrefillMetadata` with its query
   range in the flat tokens, its context slot indices and (when part of its context is
   already cached) a causal mask offset by ``num_computed_tokens``.
+* per token, for kernels that serve every row alike (``paged_attention``): the block
+  table row of its sequence (``token_seq`` into ``block_tables``) and the number of
+  positions it attends to (``token_context_lens`` = position + 1).
 
 Slot of position ``p`` of a sequence: ``block_table[p // block_size] * block_size +
 p % block_size``.  All index tensors are built with vectorised torch ops on a padded
@@ -67,6 +70,10 @@ class AttentionMetadata:
     block_size: int  # tokens per KV block
     # Prefill part, in flat-token order (tokens D..T-1).
     prefills: list[PrefillMetadata] = field(default_factory=list)
+    # Every token alike: block tables of all sequences, each token's sequence and length.
+    block_tables: Tensor | None = None  # [N, W] int32
+    token_seq: Tensor | None = None  # [T] int32 row of block_tables
+    token_context_lens: Tensor | None = None  # [T] int32 positions attended (position + 1)
 
     @property
     def num_tokens(self) -> int:
@@ -189,4 +196,7 @@ def build_attention_metadata(
         decode_context_lens_i32=dec_lens.to(torch.int32).to(device),
         block_size=block_size,
         prefills=prefills,
+        block_tables=block_tables.to(torch.int32).to(device),
+        token_seq=seq_of_tok.to(torch.int32).to(device),
+        token_context_lens=(positions + 1).to(torch.int32).to(device),
     )

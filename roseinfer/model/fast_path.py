@@ -63,9 +63,10 @@ def build_llama_decode_stack(model: Any, sample: Tensor) -> object | None:
 
 
 def build_head_kernel(model: Any) -> object | None:
-    """A kernel ``Linear`` over a float32 LM head (tied or not), sharing its weight: the
-    kernel's threaded GEMV beats MKL for the few rows of a small decode batch.  None for
-    an fp16 head (already a kernel) or anything else."""
+    """A kernel ``Linear`` over a float32 LM head (tied or not), sharing its weight: one
+    arithmetic for every row count (batch invariance), and its threaded GEMV beats MKL
+    for the few rows of a decode step.  None for an fp16 head (already a kernel) or
+    anything else."""
     from roseinfer.kernels import cpu_kernels_available, make_linear
     from roseinfer.model.quantize import Fp16Linear
 

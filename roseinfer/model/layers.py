@@ -215,9 +215,10 @@ def paged_attention(
 
     q [T, H, Dh], k/v [T, Hkv, Dh] are this step's new tokens; kv_cache is
     [2, num_slots, Hkv, Dh].  The new K/V are written to the cache first (unless the
-    caller did: ``kv_written``); decode sequences (tokens 0..D-1) then attend in one
-    batched op, prefill sequences one at a time with a causal mask offset by their
-    cached prefix.
+    caller did: ``kv_written``).  With the C++ kernels every row then attends through
+    one kernel (batch-invariant); the PyTorch fallback runs decode sequences (tokens
+    0..D-1) in one batched SDPA and prefill sequences one at a time with a causal mask
+    offset by their cached prefix (fast, but its numerics depend on the batch shape).
     """
     if not kv_written:
         write_kv_cache(kv_cache, meta.slot_mapping, k, v)
@@ -227,14 +228,15 @@ def paged_attention(
     out = torch.empty_like(q)  # [T, H, Dh]
     key_cache, value_cache = kv_cache[0], kv_cache[1]  # [slots, Hkv, Dh] each
 
-    d = meta.num_decode_tokens
-    if d > 0 and _use_decode_kernel(q, kv_cache):
-        # Straight from the paged cache: no [D, Lmax] gather of every request's K/V.
-        out[:d] = torch.ops.roseinfer.paged_decode_attention(
-            q[:d], kv_cache, meta.decode_block_tables, meta.decode_context_lens_i32,
+    if _use_decode_kernel(q, kv_cache) and meta.token_seq is not None:
+        # Every row alike (prefill and decode), straight from the paged cache: a row's
+        # result never depends on the rest of the batch (docs/CONTRACTS.md).
+        return torch.ops.roseinfer.paged_attention(
+            q, kv_cache, meta.block_tables, meta.token_seq, meta.token_context_lens,
             meta.block_size, scale,
-        )  # [D, H, Dh]
-    elif d > 0:
+        )  # [T, H, Dh]
+    d = meta.num_decode_tokens
+    if d > 0:
         # GQA without repeating K/V: each KV head is a batch entry with G queries.
         qd = q[:d].view(d, num_kv_heads, group, head_dim)  # [D, Hkv, G, Dh]
         kd = key_cache[meta.decode_slot_indices].to(q.dtype)  # [D, Lmax, Hkv, Dh]

@@ -155,14 +155,15 @@ class LlamaForCausalLM(nn.Module):
                 f"expected {len(self.model.layers)} KV caches, got {len(kv_caches)}"
             )
         h = self.model.embed_tokens(input_ids)  # [T, hidden]
-        if meta.num_decode_tokens == h.shape[0]:
-            stack = self._decode_stack(h)
-            if stack is not None:  # every layer in one C++ call (roseinfer.kernels)
-                return stack.forward(
-                    h, positions, self.model.rotary_emb.cos_sin_cache, kv_caches,
-                    meta.decode_block_tables, meta.decode_context_lens_i32, meta.slot_mapping,
-                    meta.block_size,
-                )
+        stack = self._decode_stack(h)
+        if stack is not None and meta.token_seq is not None:
+            # Every layer in one C++ call (roseinfer.kernels), for decode and prefill rows
+            # alike: one arithmetic per row whatever the batch (docs/CONTRACTS.md).
+            return stack.forward(
+                h, positions, self.model.rotary_emb.cos_sin_cache, kv_caches,
+                meta.block_tables, meta.token_seq, meta.token_context_lens, meta.slot_mapping,
+                meta.block_size,
+            )
         rope = rope_inputs(self.model.rotary_emb, positions, h)
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
             h = layer(h, rope, kv_cache, meta)
@@ -182,8 +183,8 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """hidden [N, hidden] -> float32 logits [N, vocab]."""
         head = self._head_kernel if self._stack_state == "built" else None
-        if head is not None and hidden.shape[0] <= 4 and hidden.dtype == torch.float32:
-            return head.forward(hidden)  # fp32 GEMV of the C++ kernels (see fast_path)
+        if head is not None and hidden.dtype == torch.float32:
+            return head.forward(hidden)  # the C++ fp32 kernel, one arithmetic for every M
         if self.lm_head is not None:
             return self.lm_head(hidden).float()  # [N, vocab]
         return F.linear(hidden, self.model.embed_tokens.weight).float()  # [N, vocab]

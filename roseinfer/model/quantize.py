@@ -19,19 +19,22 @@ oneDNN: on CPUs with AVX512-BF16 or AMX that is about twice fbgemm's fp32-math r
 outputs of those GEMMs are rounded to bf16.  The LM head stays fp16 only: rounding
 logits to bf16 costs 2 points of top-1 agreement with fp32 for little time (prefill
 computes logits for a few rows).  It costs a second copy of the decoder weights (bf16,
-the size of the fp16 one).
+the size of the fp16 one).  Switching kernels by row count makes it the one format
+that is not batch-invariant: opt-in only.
 
-``"int8"`` adds, on top of "fp16+bf16" (or "fp16" where the CPU lacks bf16 GEMMs), an
-int8 copy of every weight with one fp32 scale per 32 weights of a row (like llama.cpp's
-Q8_0) for inputs of at most ``INT8_MAX_ROWS`` rows: 1-2 sequence decode steps read half
-the bytes (measured: a whole decode step's GEMVs 8.7 -> 6.1 ms at one row).  Activations
-stay fp32.  Larger inputs keep the fp16 / bf16 paths, so only small-batch decode sees
-the int8 rounding.
+``"int8"`` (the CPU default) stores every weight as int8 with one fp32 scale per 32
+weights of a row (like llama.cpp's Q8_0) and computes with fp32 activations (W8A32),
+through one C++ kernel for every input size: a row's result never depends on how many
+rows share the call (batch invariance, docs/CONTRACTS.md).  Half the bytes of fp16 per
+decode step; the fp16 / fp32 copies are dropped.  Where the kernels are unavailable it
+falls back to "fp16".
 
 Embeddings and norms stay in the model dtype.  ``"none"`` leaves the model as is.
 int8 activations are not used: fbgemm's dynamic int8 (one activation scale per tensor)
-wrecks the default model (BENCHMARKS.md), and even per-token 8-bit activation scales
-with per-channel weights measured top-1 agreement 91.4% (7-bit: 87.0%), below the gate.
+wrecks the default model (BENCHMARKS.md), per-token 8-bit activation scales with
+per-channel weights measured top-1 agreement 91.4% (7-bit: 87.0%), and even 8-bit
+activations with one scale per 32 values of a row (llama.cpp's Q8_0 x Q8_0) measured
+96.5% (weights alone: 98.6%), below the 98% gate of tests/model/test_quantize.py.
 """
 
 from __future__ import annotations
@@ -44,7 +47,6 @@ from torch import Tensor, nn
 
 QUANTIZATIONS = ("none", "fp16", "fp16+bf16", "int8")
 BF16_MIN_ROWS = 32  # below this many input rows fbgemm's fp16 GEMM is as fast or faster
-INT8_MAX_ROWS = 2  # up to this many rows the int8 GEMV beats fbgemm fp16 (6.1 vs 8.7 ms)
 
 
 def cpu_has_bf16_gemm() -> bool:
@@ -81,7 +83,7 @@ class Fp16Linear(nn.Module):
     """
 
     def __init__(self, weight: Tensor, bias: Tensor | None, use_fbgemm: bool,
-                 bf16_min_rows: int = 0, int8_max_rows: int = 0) -> None:
+                 bf16_min_rows: int = 0, int8: bool = False) -> None:
         super().__init__()
         self.in_features = int(weight.shape[1])
         self.out_features = int(weight.shape[0])
@@ -95,7 +97,7 @@ class Fp16Linear(nn.Module):
             from roseinfer.kernels import make_linear
 
             self.kernel = make_linear(weight, bias, fp16=True, bf16_min_rows=bf16_min_rows,
-                                      int8_max_rows=int8_max_rows)
+                                      int8=int8)
             self.weight = torch.empty(0, dtype=torch.float16)
         elif use_fbgemm and weight.device.type == "cpu" and weight.dtype == torch.float32:
             # fbgemm keeps its own fp16 copy; drop ours to save memory.
@@ -153,18 +155,17 @@ def quantize_model(model: nn.Module, quantization: str | None) -> nn.Module:
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"unsupported quantization {quantization!r}; supported: {QUANTIZATIONS}")
     use_fbgemm = fbgemm_fp16_available()
-    bf16 = quantization == "fp16+bf16" or (quantization == "int8" and cpu_has_bf16_gemm())
-    bf16_min_rows = BF16_MIN_ROWS if bf16 else 0
-    int8_max_rows = INT8_MAX_ROWS if quantization == "int8" else 0
+    bf16_min_rows = BF16_MIN_ROWS if quantization == "fp16+bf16" else 0
+    int8 = quantization == "int8"
     lm_head = getattr(model, "lm_head", None)
-    _swap_linears(model, lambda w, b: Fp16Linear(w, b, use_fbgemm, bf16_min_rows, int8_max_rows),
+    _swap_linears(model, lambda w, b: Fp16Linear(w, b, use_fbgemm, bf16_min_rows, int8),
                   skip=lm_head)
     if lm_head is None:  # tied: the head reads the embedding matrix
         weight, bias = model.tied_embedding(), None  # type: ignore[operator]
     else:
         weight, bias = lm_head.weight, lm_head.bias
-    # No bf16 head (see above); int8 for the few rows of small-batch decode.
-    model.lm_head = Fp16Linear(weight, bias, use_fbgemm, int8_max_rows=int8_max_rows)
+    # No bf16 head (see above).
+    model.lm_head = Fp16Linear(weight, bias, use_fbgemm, int8=int8)
     model.quantization = quantization  # type: ignore[assignment]
     if hasattr(model, "_stack_state"):  # a decode stack built earlier saw the old weights
         model._stack, model._stack_state = None, "unbuilt"

@@ -25,8 +25,12 @@ Processing order (vLLM / HF / OpenAI conventions):
    inverse CDF (``sample_inverse_cdf``).
 
 Logprobs are always those of the raw model distribution (``log_softmax`` of the
-logits passed in: before masks, bias and penalties), as vLLM reports them by default.
-Every step above is row-local: a row's result never depends on the other rows.
+logits passed in: before masks, bias and penalties), as vLLM reports them by default;
+top logprobs are ordered by value, equal values by lowest id (``top_logprobs``).
+Every step above is row-local, bitwise: a row's token, logprobs and validity never
+depend on the other rows (flags switched on by other rows apply neutral values to it:
+top-k = V, top-p = 1, min-p = 0, penalties 1 / 0 / 0, which leave its logits unchanged),
+as ``tests/runner/test_sampler_row_local.py`` checks.
 
 A row that cannot be sampled — every token masked, or a distribution that is not
 finite (NaN / inf after penalties or temperature) — is flagged in
@@ -237,8 +241,7 @@ class Sampler:
             raw = torch.log_softmax(logits, dim=-1)  # [B, V]
             logprobs = raw.gather(1, token_ids.unsqueeze(1)).squeeze(1)  # [B]
             if batch.max_num_logprobs > 0:
-                values, ids = raw.topk(min(batch.max_num_logprobs, raw.shape[1]), dim=-1)
-                top = (ids, values)  # [B, N] each
+                top = top_logprobs(raw, min(batch.max_num_logprobs, raw.shape[1]))
         return SamplerOutput(token_ids, logprobs, top, valid)
 
     def _sample(self, x: Tensor, batch: SamplingBatch) -> tuple[Tensor, Tensor]:
@@ -327,6 +330,27 @@ def uniform_draws(
     for i in seeded_rows:
         u[i : i + 1].uniform_(generator=generators[i])
     return u
+
+
+def top_logprobs(raw: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """The n largest entries of each row of raw [B, V] -> ([B, n] int64 ids, [B, n] values):
+    largest first, equal values by lowest id (NaN first), as a stable descending sort.
+
+    ``topk`` alone is not enough: among equal values its choice and order depend on k,
+    and k is the largest ``logprobs`` of the batch, so a row's top-m (m < k) would
+    depend on the other rows. With one extra entry, a row whose n + 1 largest values
+    are distinct (and not NaN) has a unique answer; the others (rare) stable-sort the
+    ids whose value reaches their (n + 1)-th largest, in id order.
+    """
+    values, ids = raw.topk(min(n + 1, raw.shape[1]), dim=-1)  # [B, n(+1)], sorted
+    ambiguous = (values[:, 1:] == values[:, :-1]).any(-1) | values.isnan().any(-1)  # [B]
+    for r in ambiguous.nonzero().flatten().tolist():
+        row = raw[r]
+        cand = (torch.arange(row.shape[0], device=row.device) if bool(row.isnan().any())
+                else (row >= values[r, -1]).nonzero().flatten())  # ascending ids
+        sorted_values, order = row[cand].sort(descending=True, stable=True)
+        values[r, :n], ids[r, :n] = sorted_values[:n], cand[order[:n]]
+    return ids[:, :n], values[:, :n]
 
 
 def _finite_at(x: Tensor, ids: Tensor) -> Tensor:

@@ -1,10 +1,12 @@
 // Registers the kernels as torch ops / classes under the "roseinfer" namespace:
 //   torch.classes.roseinfer.Linear(weight[N,K] f32, bias[N]|None, fp16: bool)
 //       .set_bf16_weight(weight[N,K] bf16, min_rows): bf16 GEMM for inputs of >= min_rows
-//       .set_int8_weight(q[N,K] int8, scales[N,K/32] f32, max_rows): int8 GEMV for <= max_rows
+//       .set_int8_weight(q[N,K] int8, scales[N,K/32] f32): W8A32 for every input
 //   torch.classes.roseinfer.LlamaStack(hidden, heads, kv_heads, head_dim, inter, eps, final_norm)
 //   torch.ops.roseinfer.paged_decode_attention(q, kv_cache, block_tables, context_lens,
 //                                              block_size, scale)
+//   torch.ops.roseinfer.paged_attention(q, kv_cache, block_tables, token_seq, token_lens,
+//                                       block_size, scale)   (prefill and decode rows)
 //   torch.ops.roseinfer.rms_norm(x, w, eps), .silu_mul(gate_up),
 //   torch.ops.roseinfer.rope_and_cache_(qkv, positions, cos_sin, kv_cache, slot_mapping,
 //                                       num_heads, num_kv_heads)   (in place)
@@ -39,6 +41,10 @@ TORCH_LIBRARY(roseinfer, m) {
       "paged_decode_attention(Tensor q, Tensor kv_cache, Tensor block_tables, "
       "Tensor context_lens, int block_size, float scale) -> Tensor");
   m.impl("paged_decode_attention", c10::DispatchKey::CPU, &roseinfer::paged_decode_attention);
+  m.def(
+      "paged_attention(Tensor q, Tensor kv_cache, Tensor block_tables, Tensor token_seq, "
+      "Tensor token_lens, int block_size, float scale) -> Tensor");
+  m.impl("paged_attention", c10::DispatchKey::CPU, &roseinfer::paged_attention);
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
   m.impl("rms_norm", c10::DispatchKey::CPU, &roseinfer::rms_norm_op);
   m.def("silu_mul(Tensor gate_up) -> Tensor");

@@ -36,51 +36,29 @@ static inline void gemv_row(const float* x, const float* w, const float* b, floa
                    (b ? b[n] : 0.f);
 }
 
-// y[m, n] = sum over 32-blocks j of scale[n, j] * (q[n, 32j:32j+32] . x[m, 32j:32j+32]):
-// int8 weights widened to fp32 in registers, fp32 products and accumulation.
-static inline __m256 load_i8x8(const int8_t* p) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-}
-
-template <int MM>
-static inline void q8_row(const float* x, const int8_t* q, const float* sc, const float* b,
-                          float* y, int64_t n, int64_t K, int64_t N) {
-  __m256 acc[MM];
-  for (int m = 0; m < MM; ++m) acc[m] = _mm256_setzero_ps();
-  const int8_t* qr = q + n * K;
-  const float* sr = sc + n * (K / 32);
-  for (int64_t j = 0; j < K / 32; ++j) {
-    const int8_t* p = qr + 32 * j;
-    const __m256 w0 = load_i8x8(p), w1 = load_i8x8(p + 8), w2 = load_i8x8(p + 16),
-                 w3 = load_i8x8(p + 24);
-    const __m256 s = _mm256_set1_ps(sr[j]);
-    for (int m = 0; m < MM; ++m) {
-      const float* xm = x + m * K + 32 * j;
-      __m256 t = _mm256_mul_ps(w0, _mm256_loadu_ps(xm));
-      t = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xm + 8), t);
-      t = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xm + 16), t);
-      t = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xm + 24), t);
-      acc[m] = _mm256_fmadd_ps(t, s, acc[m]);
+// fp32 GEMM for every M (K % 8 == 0): each output element is gemv_row's arithmetic
+// whatever the row count (the MM template only shares the weight loads), so a row's
+// result never depends on the batch (docs/CONTRACTS.md).  Columns are split over the
+// intra-op threads in blocks whose weights stay in cache while 4-row chunks of x pass.
+static void gemm_fp32(const float* x, const float* w, const float* b, float* y, int64_t M,
+                      int64_t K, int64_t N) {
+  constexpr int64_t kCols = 32;
+  at::parallel_for(0, (N + kCols - 1) / kCols, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t nb = b0 * kCols; nb < std::min(N, b1 * kCols); nb += kCols) {
+      const int64_t ne = std::min(N, nb + kCols);
+      for (int64_t m0 = 0; m0 < M; m0 += 4) {
+        const float* xm = x + m0 * K;
+        float* ym = y + m0 * N;
+        for (int64_t n = nb; n < ne; ++n) {
+          switch (std::min<int64_t>(4, M - m0)) {
+            case 1: gemv_row<1>(xm, w, b, ym, n, K, N); break;
+            case 2: gemv_row<2>(xm, w, b, ym, n, K, N); break;
+            case 3: gemv_row<3>(xm, w, b, ym, n, K, N); break;
+            default: gemv_row<4>(xm, w, b, ym, n, K, N); break;
+          }
+        }
+      }
     }
-  }
-  for (int m = 0; m < MM; ++m) y[m * N + n] = hsum8(acc[m]) + (b ? b[n] : 0.f);
-}
-
-template <int MM>
-static void gemv_q8(const float* x, const int8_t* q, const float* sc, const float* b, float* y,
-                    int64_t K, int64_t N) {
-  at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) q8_row<MM>(x, q, sc, b, y, n, K, N);
-  });
-}
-
-// Small-batch fp32 GEMM (M <= 4, K % 8 == 0): memory-bound, so stream W once with the
-// output rows split over the intra-op threads (MKL runs one row of x as a slow GEMM).
-template <int MM>
-static void gemv_fp32(const float* x, const float* w, const float* b, float* y, int64_t K,
-                      int64_t N) {
-  at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) gemv_row<MM>(x, w, b, y, n, K, N);
   });
 }
 #endif
@@ -112,37 +90,27 @@ void Linear::set_bf16_weight(at::Tensor w, int64_t min_rows) {
   bf16_min_rows = min_rows;
 }
 
-void Linear::set_int8_weight(at::Tensor q, at::Tensor scales, int64_t max_rows) {
+void Linear::set_int8_weight(at::Tensor q, at::Tensor scales) {
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kChar && q.size(0) == out_features &&
                   q.size(1) == in_features && in_features % 32 == 0,
               "Linear.set_int8_weight: expected int8 [out_features, in_features], "
               "in_features a multiple of 32");
   TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.numel() == out_features * (in_features / 32),
               "Linear.set_int8_weight: expected float32 scales [out_features, in_features / 32]");
-  TORCH_CHECK(max_rows >= 1 && max_rows <= 4, "Linear.set_int8_weight: max_rows in 1..4");
-  qweight = q.contiguous();
-  qscales = scales.contiguous();
-  int8_max_rows = max_rows;
+  q8 = std::make_shared<Q8Gemm>(q, scales);
+  // Every input now runs the int8 kernel: the other copies would only hold memory.
+  packed.reset();
+  weight = at::Tensor();
+  weight_bf16 = at::Tensor();
 }
 
 void Linear::run(const at::Tensor& x, at::Tensor& y) const {
   const int64_t m = x.size(0);
-#ifdef ROSEINFER_AVX2
-  if (qweight.defined() && m <= int8_max_rows) {
-    const float* xp = x.data_ptr<float>();
-    const int8_t* qp = qweight.data_ptr<int8_t>();
-    const float* sp = qscales.data_ptr<float>();
-    const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
-    float* yp = y.data_ptr<float>();
-    switch (m) {
-      case 1: gemv_q8<1>(xp, qp, sp, bp, yp, in_features, out_features); return;
-      case 2: gemv_q8<2>(xp, qp, sp, bp, yp, in_features, out_features); return;
-      case 3: gemv_q8<3>(xp, qp, sp, bp, yp, in_features, out_features); return;
-      case 4: gemv_q8<4>(xp, qp, sp, bp, yp, in_features, out_features); return;
-      default: break;
-    }
+  if (q8) {
+    q8->run(x.data_ptr<float>(), m, bias.defined() ? bias.data_ptr<float>() : nullptr,
+            y.data_ptr<float>());
+    return;
   }
-#endif
   if (weight_bf16.defined() && m >= bf16_min_rows) {
     y.copy_(at::linear(x.to(at::kBFloat16), weight_bf16));
     if (bias.defined()) y.add_(bias);
@@ -166,19 +134,11 @@ void Linear::run(const at::Tensor& x, at::Tensor& y) const {
     return;
   }
 #ifdef ROSEINFER_AVX2
-  if (m <= 4 && in_features % 8 == 0 && weight.is_contiguous() && use_gemv) {
-    const float* xp = x.data_ptr<float>();
-    const float* wp = weight.data_ptr<float>();
-    const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
-    float* yp = y.data_ptr<float>();
-    const int64_t K = in_features, N = out_features;
-    switch (m) {
-      case 1: gemv_fp32<1>(xp, wp, bp, yp, K, N); return;
-      case 2: gemv_fp32<2>(xp, wp, bp, yp, K, N); return;
-      case 3: gemv_fp32<3>(xp, wp, bp, yp, K, N); return;
-      case 4: gemv_fp32<4>(xp, wp, bp, yp, K, N); return;
-      default: break;
-    }
+  if (in_features % 8 == 0 && weight.is_contiguous() && use_gemv) {
+    gemm_fp32(x.data_ptr<float>(), weight.data_ptr<float>(),
+              bias.defined() ? bias.data_ptr<float>() : nullptr, y.data_ptr<float>(), m,
+              in_features, out_features);
+    return;
   }
 #endif
   if (bias.defined()) {

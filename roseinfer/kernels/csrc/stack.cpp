@@ -1,4 +1,4 @@
-// LlamaStack decode step (see stack.h) and its small row kernels.
+// LlamaStack step (see stack.h).
 #include "stack.h"
 
 #include <chrono>
@@ -10,10 +10,12 @@ namespace roseinfer {
 
 at::Tensor LlamaStack::forward(at::Tensor h_in, at::Tensor positions, at::Tensor cos_sin,
                                std::vector<at::Tensor> kv_caches, at::Tensor block_tables,
-                               at::Tensor context_lens, at::Tensor slot_mapping,
-                               int64_t block_size) {
+                               at::Tensor token_seq, at::Tensor token_lens,
+                               at::Tensor slot_mapping, int64_t block_size) {
   TORCH_CHECK((int64_t)kv_caches.size() == num_layers(), "one KV cache per layer");
-  check_decode_args(kv_caches[0], block_tables, context_lens);
+  for (const auto& c : kv_caches) check_decode_args(c, block_tables, token_lens);
+  check_token_seq(token_seq, block_tables, h_in.size(0));
+  TORCH_CHECK(token_lens.numel() == h_in.size(0), "token_lens must have one entry per token");
   TORCH_CHECK(positions.scalar_type() == at::kLong && slot_mapping.scalar_type() == at::kLong,
               "positions and slot_mapping must be int64");
   const int64_t B = h_in.size(0);
@@ -53,12 +55,13 @@ at::Tensor LlamaStack::forward(at::Tensor h_in, at::Tensor positions, at::Tensor
     const at::Tensor& cache = kv_caches[l];
     float* qg = qbuf.data_ptr<float>();
     const int32_t* bt = block_tables.data_ptr<int32_t>();
-    const int32_t* lens = context_lens.data_ptr<int32_t>();
+    const int32_t* lens = token_lens.data_ptr<int32_t>();
+    const int32_t* seq_of = token_seq.data_ptr<int32_t>();
     with_kv_halves(cache, [&](auto* kc, auto* vc) {
       rope_and_store(qp, B, H, Hkv, Dh, pp, sp, csp, qg, kc, vc);
       lap(2);
-      decode_attention(qg, kc, vc, bt, block_tables.stride(0), lens, B, H, Hkv, Dh, block_size,
-                       scale, attn.data_ptr<float>());
+      decode_attention(qg, kc, vc, bt, block_tables.stride(0), seq_of, lens, B, H, Hkv, Dh,
+                       block_size, scale, attn.data_ptr<float>());
     });
     lap(1);
     o[l]->run(attn, tmp);

@@ -1,6 +1,8 @@
-// LlamaStack: all decoder layers + final norm of a decode step (one token per
-// sequence) in one call: h [B, hidden] (embedded tokens) -> final-norm hidden
-// [B, hidden].  Writes each token's K/V into its cache slot first.
+// LlamaStack: all decoder layers + final norm of one step in one call, for any mix of
+// decode tokens and prefill chunks: h [T, hidden] (embedded tokens) -> final-norm hidden
+// [T, hidden].  Each layer writes every token's K/V into its cache slot first, then each
+// token attends to its sequence's first token_lens[t] positions in the paged cache.  Every
+// op is row-local (docs/CONTRACTS.md, batch invariance).
 #pragma once
 
 #include <torch/custom_class.h>
@@ -47,7 +49,8 @@ struct LlamaStack : torch::CustomClassHolder {
 
   at::Tensor forward(at::Tensor h_in, at::Tensor positions, at::Tensor cos_sin,
                      std::vector<at::Tensor> kv_caches, at::Tensor block_tables,
-                     at::Tensor context_lens, at::Tensor slot_mapping, int64_t block_size);
+                     at::Tensor token_seq, at::Tensor token_lens, at::Tensor slot_mapping,
+                     int64_t block_size);
 };
 
 }  // namespace roseinfer

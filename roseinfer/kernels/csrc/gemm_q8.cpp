@@ -1,0 +1,181 @@
+// Batch-invariant int8-weight GEMM (see gemm_q8.h): packing and the AVX2 micro-kernels,
+// with a portable fallback computing the same chains in plain C++.
+#include "gemm_q8.h"
+
+#include <cstring>
+
+namespace roseinfer {
+
+Q8Gemm::Q8Gemm(const at::Tensor& q, const at::Tensor& scales) {
+  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kChar && q.size(1) % 32 == 0,
+              "Q8Gemm: q must be int8 [N, K] with K a multiple of 32");
+  N = q.size(0);
+  K = q.size(1);
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.numel() == N * (K / 32),
+              "Q8Gemm: scales must be float32 [N, K / 32]");
+  Np = (N + 31) / 32 * 32;
+  auto qc = q.contiguous();
+  auto sc = scales.contiguous();
+  const int8_t* qp = qc.data_ptr<int8_t>();
+  const float* sp = sc.data_ptr<float>();
+  q8 = at::zeros({Np / 32, K, 32}, q.options());
+  s8 = at::zeros({Np / 32, K / 32, 32}, sc.options());
+  f16 = at::zeros({Np / 16, K, 16}, sc.options().dtype(at::kHalf));
+  int8_t* q8p = q8.data_ptr<int8_t>();
+  float* s8p = s8.data_ptr<float>();
+  at::Half* fp = f16.data_ptr<at::Half>();
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t k = 0; k < K; ++k) {
+      const int8_t v = qp[n * K + k];
+      const float s = sp[n * (K / 32) + k / 32];
+      q8p[((n / 32) * K + k) * 32 + n % 32] = v;
+      const float w = (float)v * s;
+      const at::Half h(w);
+      TORCH_CHECK((float)h == w, "Q8Gemm: q * scale is not exact in fp16 (scale significand "
+                                 "wider than 4 bits, or out of fp16 range)");
+      fp[((n / 16) * K + k) * 16 + n % 16] = h;
+    }
+    for (int64_t j = 0; j < K / 32; ++j) s8p[((n / 32) * (K / 32) + j) * 32 + n % 32] = sp[n * (K / 32) + j];
+  }
+}
+
+#ifdef ROSEINFER_AVX2
+// 8 int8 weights of one k as exact fp32: widen, convert, times their 8 column scales.
+static inline __m256 w8(const int8_t* p, __m256 s) {
+  return _mm256_mul_ps(
+      _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)))),
+      s);
+}
+
+// MR rows x 8*NV columns (NV vectors) of an int8 panel: NV == 4 covers a whole panel of
+// 32 columns, NV == 2 one half (col0 = 0 or 16).  out [MR, 8*NV] with stride ldo.
+template <int MR, int NV>
+static inline void q8_tile(const float* x, int64_t K, const int8_t* panel, const float* pscales,
+                           int col0, float* out, int64_t ldo) {
+  __m256 acc[MR][NV];
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < NV; ++v) acc[m][v] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < K / 32; ++j) {
+    __m256 s[NV];
+    for (int v = 0; v < NV; ++v) s[v] = _mm256_loadu_ps(pscales + j * 32 + col0 + 8 * v);
+    for (int64_t k = 32 * j; k < 32 * j + 32; ++k) {
+      __m256 w[NV];
+      for (int v = 0; v < NV; ++v) w[v] = w8(panel + k * 32 + col0 + 8 * v, s[v]);
+      for (int m = 0; m < MR; ++m) {
+        const __m256 xb = _mm256_broadcast_ss(x + m * K + k);
+        for (int v = 0; v < NV; ++v) acc[m][v] = _mm256_fmadd_ps(xb, w[v], acc[m][v]);
+      }
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < NV; ++v) _mm256_storeu_ps(out + m * ldo + 8 * v, acc[m][v]);
+}
+
+// MR rows x 16 columns of an fp16 panel [K][16].
+template <int MR>
+static inline void f16_tile(const float* x, int64_t K, const at::Half* panel, float* out,
+                            int64_t ldo) {
+  __m256 acc[MR][2];
+  for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+  const __m128i* p = reinterpret_cast<const __m128i*>(panel);
+  for (int64_t k = 0; k < K; ++k) {
+    const __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128(p + 2 * k));
+    const __m256 w1 = _mm256_cvtph_ps(_mm_loadu_si128(p + 2 * k + 1));
+    for (int m = 0; m < MR; ++m) {
+      const __m256 xb = _mm256_broadcast_ss(x + m * K + k);
+      acc[m][0] = _mm256_fmadd_ps(xb, w0, acc[m][0]);
+      acc[m][1] = _mm256_fmadd_ps(xb, w1, acc[m][1]);
+    }
+  }
+  for (int m = 0; m < MR; ++m) {
+    _mm256_storeu_ps(out + m * ldo, acc[m][0]);
+    _mm256_storeu_ps(out + m * ldo + 8, acc[m][1]);
+  }
+}
+
+// Copy a tile's [rows, cols] results into y (+ bias), dropping padded columns.
+static inline void emit(const float* tile, int64_t ldt, int64_t rows, int64_t n0, int64_t cols,
+                        const float* bias, float* y, int64_t N) {
+  const int64_t nc = std::min(cols, N - n0);
+  for (int64_t m = 0; m < rows; ++m)
+    for (int64_t c = 0; c < nc; ++c) y[m * N + n0 + c] = tile[m * ldt + c] + (bias ? bias[n0 + c] : 0.f);
+}
+
+static void run_small(const Q8Gemm& g, const float* x, int64_t M, const float* bias, float* y) {
+  const int64_t K = g.K, panels = g.Np / 32;
+  const int8_t* q = g.q8.data_ptr<int8_t>();
+  const float* s = g.s8.data_ptr<float>();
+  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    float tile[4 * 32];
+    for (int64_t p = p0; p < p1; ++p) {
+      const int8_t* panel = q + p * K * 32;
+      const float* ps = s + p * (K / 32) * 32;
+      if (M == 1) {
+        q8_tile<1, 4>(x, K, panel, ps, 0, tile, 32);
+      } else {
+        for (int half = 0; half < 2; ++half) {
+          float* t = tile + 16 * half;
+          switch (M) {
+            case 2: q8_tile<2, 2>(x, K, panel, ps, 16 * half, t, 32); break;
+            case 3: q8_tile<3, 2>(x, K, panel, ps, 16 * half, t, 32); break;
+            default: q8_tile<4, 2>(x, K, panel, ps, 16 * half, t, 32); break;
+          }
+        }
+      }
+      emit(tile, 32, M, p * 32, 32, bias, y, g.N);
+    }
+  });
+}
+
+static void run_large(const Q8Gemm& g, const float* x, int64_t M, const float* bias, float* y) {
+  const int64_t K = g.K, panels = g.Np / 16;
+  const at::Half* w = g.f16.data_ptr<at::Half>();
+  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    float tile[6 * 16];
+    for (int64_t p = p0; p < p1; ++p) {
+      const at::Half* panel = w + p * K * 16;
+      for (int64_t m0 = 0; m0 < M; m0 += 6) {
+        const float* xm = x + m0 * K;
+        const int64_t mr = std::min<int64_t>(6, M - m0);
+        switch (mr) {
+          case 1: f16_tile<1>(xm, K, panel, tile, 16); break;
+          case 2: f16_tile<2>(xm, K, panel, tile, 16); break;
+          case 3: f16_tile<3>(xm, K, panel, tile, 16); break;
+          case 4: f16_tile<4>(xm, K, panel, tile, 16); break;
+          case 5: f16_tile<5>(xm, K, panel, tile, 16); break;
+          default: f16_tile<6>(xm, K, panel, tile, 16); break;
+        }
+        emit(tile, 16, mr, p * 16, 16, bias, y + m0 * g.N, g.N);
+      }
+    }
+  });
+}
+#endif  // ROSEINFER_AVX2
+
+// Portable: the same chains (fma per k, in k order) in plain C++.
+[[maybe_unused]] static void run_portable(const Q8Gemm& g, const float* x, int64_t M,
+                                          const float* bias, float* y) {
+  const int64_t K = g.K;
+  const at::Half* w = g.f16.data_ptr<at::Half>();
+  at::parallel_for(0, g.N, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = n0; n < n1; ++n) {
+        const at::Half* col = w + ((n / 16) * K) * 16 + n % 16;
+        float acc = 0.f;
+        for (int64_t k = 0; k < K; ++k) acc = std::fma(x[m * K + k], (float)col[k * 16], acc);
+        y[m * g.N + n] = acc + (bias ? bias[n] : 0.f);
+      }
+  });
+}
+
+void Q8Gemm::run(const float* x, int64_t M, const float* bias, float* y) const {
+  if (M <= 0) return;
+#ifdef ROSEINFER_AVX2
+  if (M <= small_rows && M <= 4) return run_small(*this, x, M, bias, y);
+  return run_large(*this, x, M, bias, y);
+#else
+  run_portable(*this, x, M, bias, y);
+#endif
+}
+
+}  // namespace roseinfer
