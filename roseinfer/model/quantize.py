@@ -3,10 +3,11 @@
 ``quantize_model(model, "fp16")`` stores every projection weight (q/k/v, o, gate/up,
 down and the LM head, tied or not) in fp16 and computes in fp32:
 
-* on CPU through fbgemm's fp16 GEMM (``quantized::linear_prepack_fp16`` /
-  ``linear_dynamic_fp16``): the weight is converted to fp32 inside the kernel's
-  tiles, so a batch-1 decode step reads half the bytes of fp32 and the math is
-  fp32 — about 6x faster than MKL fp32 GEMV at batch 1 on AVX2 CPUs, and close to
+* on CPU through the C++ kernels' fp16 panel GEMM (``kernels/csrc/panel_gemm.h``: the
+  weight is converted to fp32 in registers, one FMA chain per output element for every
+  row count, so batch-invariant), or without them through fbgemm's fp16 GEMM
+  (``quantized::linear_prepack_fp16`` / ``linear_dynamic_fp16``, not batch-invariant):
+  a batch-1 decode step reads half the bytes of fp32 and the math is fp32, close to
   fp32 numerically (the only error is the weight rounding to fp16);
 * on other devices as a plain fp16 weight cast to the activation dtype per call
   (``F.linear``), which is what a GPU does well anyway.

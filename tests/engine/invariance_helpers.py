@@ -30,7 +30,7 @@ from tests.engine.tiny_models import engine_from_hf
 
 VOCAB = 512
 MAX_POSITIONS = 640
-QUANTIZATIONS = ("none", "auto")  # exact fp32, and the engine's default (int8 on CPU)
+QUANTIZATIONS = ("none", "auto", "fp16")  # exact fp32, the default (int8 on CPU), fp16
 
 
 def tiny_gqa_llama(seed: int = 0) -> transformers.PreTrainedModel:

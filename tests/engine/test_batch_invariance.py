@@ -6,7 +6,7 @@ the logits row the sampler received at each of its steps (``invariance_helpers``
 batches of 2 to 64 with prefill and decode rows around it, its prompt in chunks of 1
 to 256 tokens, its prefix from the cache, its KV recomputed after preemption; seeded
 sampling gives the same tokens alone and under load, and n=3 with seed s the same as
-three requests seeded s, s+1, s+2. Both weight formats: exact fp32 ("none") and the
+three requests seeded s, s+1, s+2. Weight formats: exact fp32 ("none"), "fp16" and the
 default ("auto": int8 on CPU, with an fp16 KV cache). The contract holds with the C++
 kernels (the default); the PyTorch fallback (``ROSEINFER_CPU_KERNELS=0``) promises no
 invariance: one documenting case is an expected failure (xfail, not strict).

@@ -1,8 +1,9 @@
 """Weight formats: fp16 linears match fp32 closely, and the quality gate on the default model.
 
-Gate for every non-exact format (issue "Performance"): on a fixed ~1.1k-token text
-(tests/data/quality_text.txt), top-1 next-token agreement with fp32 >= 95% and
-perplexity within 2%, measured through the engine's prompt logprobs.
+Gate on a fixed ~1.1k-token text (tests/data/quality_text.txt), measured through the
+engine's prompt logprobs against fp32: a format that can be the default ("int8", "fp16")
+needs top-1 next-token agreement >= 98% and perplexity within 1%; the opt-in
+"fp16+bf16" (bf16 activations in large GEMMs) >= 95% and 2%.
 """
 
 from __future__ import annotations
@@ -65,15 +66,10 @@ def test_config_quantization_choices() -> None:
 
 
 def _prompt_stats(quantization: str) -> tuple[list[float], list[int]]:
-    """Logprob of each actual next token and the model's top-1 token, per position.
-
-    "int8" only changes steps of 1-2 rows, so its text is fed one token per step: every
-    position then goes through the int8 GEMVs, as a single-stream decode would.
-    """
+    """Logprob of each actual next token and the model's top-1 token, per position."""
     from roseinfer.llm import LLM
 
-    budget = 1 if quantization == "int8" else 512
-    llm = LLM(quantization=quantization, max_num_batched_tokens=budget)
+    llm = LLM(quantization=quantization, max_num_batched_tokens=512)
     out = llm.generate(TEXT.read_text(), SamplingParams(max_tokens=1, prompt_logprobs=1))[0]
     entries = out.prompt_logprobs[1:]
     targets = out.prompt_token_ids[1:]
@@ -93,5 +89,6 @@ def test_quality_gate_default_model(quantization: str) -> None:
     agreement = sum(a == b for a, b in zip(ref_top, top, strict=True)) / len(top)
     print(f"{quantization}: ppl {ppl:.3f} vs fp32 {ppl_ref:.3f} "
           f"({100 * (ppl / ppl_ref - 1):+.2f}%), top-1 agreement {100 * agreement:.2f}%")
-    assert agreement >= 0.95
-    assert abs(ppl / ppl_ref - 1) <= 0.02
+    default_capable = quantization != "fp16+bf16"
+    assert agreement >= (0.98 if default_capable else 0.95)
+    assert abs(ppl / ppl_ref - 1) <= (0.01 if default_capable else 0.02)

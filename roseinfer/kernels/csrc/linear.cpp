@@ -70,10 +70,7 @@ Linear::Linear(at::Tensor w, std::optional<at::Tensor> b, bool fp16) {
   in_features = w.size(1);
   if (b.has_value() && b->defined()) bias = b->contiguous().to(at::kFloat);
   if (fp16) {
-    auto wc = w.contiguous();
-    packed = std::make_unique<fbgemm::PackedGemmMatrixFP16>(
-        fbgemm::matrix_op_t::Transpose, (int)in_features, (int)out_features, 1.0f,
-        wc.data_ptr<float>());
+    panels = std::make_shared<PanelGemm>(w);
   } else {
     weight = w;
     const char* env = std::getenv("ROSEINFER_FP32_GEMV");
@@ -97,40 +94,22 @@ void Linear::set_int8_weight(at::Tensor q, at::Tensor scales) {
               "in_features a multiple of 32");
   TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.numel() == out_features * (in_features / 32),
               "Linear.set_int8_weight: expected float32 scales [out_features, in_features / 32]");
-  q8 = std::make_shared<Q8Gemm>(q, scales);
+  panels = std::make_shared<PanelGemm>(q, scales);
   // Every input now runs the int8 kernel: the other copies would only hold memory.
-  packed.reset();
   weight = at::Tensor();
   weight_bf16 = at::Tensor();
 }
 
 void Linear::run(const at::Tensor& x, at::Tensor& y) const {
   const int64_t m = x.size(0);
-  if (q8) {
-    q8->run(x.data_ptr<float>(), m, bias.defined() ? bias.data_ptr<float>() : nullptr,
-            y.data_ptr<float>());
-    return;
-  }
-  if (weight_bf16.defined() && m >= bf16_min_rows) {
+  if (weight_bf16.defined() && m >= bf16_min_rows) {  // fp16+bf16 only: not invariant
     y.copy_(at::linear(x.to(at::kBFloat16), weight_bf16));
     if (bias.defined()) y.add_(bias);
     return;
   }
-  if (packed) {
-    const int nt = std::max<int>(1, at::get_num_threads());
-    const float* xp = x.data_ptr<float>();
-    float* yp = y.data_ptr<float>();
-    const auto& bp = *packed;
-    if (nt == 1) {
-      fbgemm::cblas_gemm_compute(fbgemm::matrix_op_t::NoTranspose, (int)m, xp, bp, 0.0f, yp);
-    } else {
-      at::parallel_for(0, nt, 1, [&](int64_t b0, int64_t e0) {
-        for (int64_t t = b0; t < e0; ++t)
-          fbgemm::cblas_gemm_compute(fbgemm::matrix_op_t::NoTranspose, (int)m, xp, bp, 0.0f,
-                                     yp, (int)t, nt);
-      });
-    }
-    if (bias.defined()) y.add_(bias);
+  if (panels) {
+    panels->run(x.data_ptr<float>(), m, bias.defined() ? bias.data_ptr<float>() : nullptr,
+                y.data_ptr<float>());
     return;
   }
 #ifdef ROSEINFER_AVX2

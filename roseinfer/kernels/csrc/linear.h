@@ -1,6 +1,7 @@
 // Linear layer kernel: y[M,N] = x[M,K] W^T + b.
-//   fp16: weights packed for fbgemm's fp16 GEMM (fp32 math), the output columns split
-//         over the intra-op threads (torch's own op runs on one).
+//   fp16: fp16 weight panels (PanelGemm, fp32 math), the output columns split over the
+//         intra-op threads; one arithmetic for every M (batch-invariant; fbgemm's fp16
+//         GEMM is not: its one-row kernel sums in another order).
 //   fp32: the weight tensor as given, every M through one AVX2/FMA kernel threaded over
 //         the output columns (one arithmetic per element: batch-invariant); at::mm (MKL)
 //         only without AVX2, for K % 8 != 0, or with ROSEINFER_FP32_GEMV=0.
@@ -8,31 +9,29 @@
 //         GEMM with fp32 accumulation (oneDNN; AVX512-BF16 / AMX do twice the fp32 rate).
 //   int8 (set_int8_weight): int8 weights with one fp32 scale per 32 weights of a row
 //         (Q8_0-like), fp32 activations and accumulation, for EVERY input size through
-//         Q8Gemm (gemm_q8.h: one arithmetic per output element whatever M, batch
+//         PanelGemm (panel_gemm.h: one arithmetic per output element whatever M, batch
 //         invariance); the fp32 / fp16 / bf16 copies are dropped.
 #pragma once
 
-#include <fbgemm/FbgemmFP16.h>
 #include <torch/custom_class.h>
 
 #include <memory>
 #include <optional>
 
 #include "common.h"
-#include "gemm_q8.h"
+#include "panel_gemm.h"
 
 namespace roseinfer {
 
 struct Linear : torch::CustomClassHolder {
-  std::unique_ptr<fbgemm::PackedGemmMatrixFP16> packed;
-  at::Tensor weight;  // fp32 [N, K] when not packed
+  at::Tensor weight;  // fp32 [N, K] (fp32 format only)
   at::Tensor bias;    // undefined or fp32 [N]
   int64_t in_features = 0;
   int64_t out_features = 0;
   bool use_gemv = true;  // fp32: the AVX2 kernel instead of MKL (A/B switch)
   at::Tensor weight_bf16;     // optional bf16 [N, K] for large inputs
   int64_t bf16_min_rows = 0;  // 0 = never
-  std::shared_ptr<Q8Gemm> q8;  // when set, every input runs it
+  std::shared_ptr<PanelGemm> panels;  // int8 or fp16 weights: every input (but bf16's) runs it
 
   Linear(at::Tensor w, std::optional<at::Tensor> b, bool fp16);
   void set_bf16_weight(at::Tensor w, int64_t min_rows);

@@ -1,18 +1,18 @@
-// Batch-invariant int8-weight GEMM (see gemm_q8.h): packing and the AVX2 micro-kernels,
+// Batch-invariant int8-weight GEMM (see panel_gemm.h): packing and the AVX2 micro-kernels,
 // with a portable fallback computing the same chains in plain C++.
-#include "gemm_q8.h"
+#include "panel_gemm.h"
 
 #include <cstring>
 
 namespace roseinfer {
 
-Q8Gemm::Q8Gemm(const at::Tensor& q, const at::Tensor& scales) {
+PanelGemm::PanelGemm(const at::Tensor& q, const at::Tensor& scales) {
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kChar && q.size(1) % 32 == 0,
-              "Q8Gemm: q must be int8 [N, K] with K a multiple of 32");
+              "PanelGemm: q must be int8 [N, K] with K a multiple of 32");
   N = q.size(0);
   K = q.size(1);
   TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.numel() == N * (K / 32),
-              "Q8Gemm: scales must be float32 [N, K / 32]");
+              "PanelGemm: scales must be float32 [N, K / 32]");
   Np = (N + 31) / 32 * 32;
   auto qc = q.contiguous();
   auto sc = scales.contiguous();
@@ -29,22 +29,36 @@ Q8Gemm::Q8Gemm(const at::Tensor& q, const at::Tensor& scales) {
       const int8_t v = qp[n * K + k];
       const float s = sp[n * (K / 32) + k / 32];
       q8p[((n / 32) * K + k) * 32 + n % 32] = v;
-      const float w = (float)v * s;
-      const at::Half h(w);
-      TORCH_CHECK((float)h == w, "Q8Gemm: q * scale is not exact in fp16 (scale significand "
-                                 "wider than 4 bits, or out of fp16 range)");
+      const at::Half h((float)v * s);  // what w8() computes in registers
+      TORCH_CHECK(std::isfinite((float)h), "PanelGemm: q * scale overflows fp16");
       fp[((n / 16) * K + k) * 16 + n % 16] = h;
     }
     for (int64_t j = 0; j < K / 32; ++j) s8p[((n / 32) * (K / 32) + j) * 32 + n % 32] = sp[n * (K / 32) + j];
   }
 }
 
+PanelGemm::PanelGemm(const at::Tensor& w) {
+  TORCH_CHECK(w.dim() == 2, "PanelGemm: w must be [N, K]");
+  N = w.size(0);
+  K = w.size(1);
+  Np = (N + 31) / 32 * 32;
+  small_rows = 0;
+  auto wh = w.to(at::kHalf).contiguous();
+  const at::Half* wp = wh.data_ptr<at::Half>();
+  f16 = at::zeros({Np / 16, K, 16}, wh.options());
+  at::Half* fp = f16.data_ptr<at::Half>();
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) fp[((n / 16) * K + k) * 16 + n % 16] = wp[n * K + k];
+}
+
 #ifdef ROSEINFER_AVX2
-// 8 int8 weights of one k as exact fp32: widen, convert, times their 8 column scales.
+// 8 int8 weights of one k: widen, convert, times their 8 column scales, rounded to fp16
+// (nearest even) and back: exactly the values of the fp16 panels.
 static inline __m256 w8(const int8_t* p, __m256 s) {
-  return _mm256_mul_ps(
+  const __m256 w = _mm256_mul_ps(
       _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)))),
       s);
+  return _mm256_cvtph_ps(_mm256_cvtps_ph(w, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 
 // MR rows x 8*NV columns (NV vectors) of an int8 panel: NV == 4 covers a whole panel of
@@ -101,7 +115,7 @@ static inline void emit(const float* tile, int64_t ldt, int64_t rows, int64_t n0
     for (int64_t c = 0; c < nc; ++c) y[m * N + n0 + c] = tile[m * ldt + c] + (bias ? bias[n0 + c] : 0.f);
 }
 
-static void run_small(const Q8Gemm& g, const float* x, int64_t M, const float* bias, float* y) {
+static void run_small(const PanelGemm& g, const float* x, int64_t M, const float* bias, float* y) {
   const int64_t K = g.K, panels = g.Np / 32;
   const int8_t* q = g.q8.data_ptr<int8_t>();
   const float* s = g.s8.data_ptr<float>();
@@ -127,7 +141,7 @@ static void run_small(const Q8Gemm& g, const float* x, int64_t M, const float* b
   });
 }
 
-static void run_large(const Q8Gemm& g, const float* x, int64_t M, const float* bias, float* y) {
+static void run_large(const PanelGemm& g, const float* x, int64_t M, const float* bias, float* y) {
   const int64_t K = g.K, panels = g.Np / 16;
   const at::Half* w = g.f16.data_ptr<at::Half>();
   at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
@@ -153,7 +167,7 @@ static void run_large(const Q8Gemm& g, const float* x, int64_t M, const float* b
 #endif  // ROSEINFER_AVX2
 
 // Portable: the same chains (fma per k, in k order) in plain C++.
-[[maybe_unused]] static void run_portable(const Q8Gemm& g, const float* x, int64_t M,
+[[maybe_unused]] static void run_portable(const PanelGemm& g, const float* x, int64_t M,
                                           const float* bias, float* y) {
   const int64_t K = g.K;
   const at::Half* w = g.f16.data_ptr<at::Half>();
@@ -168,10 +182,10 @@ static void run_large(const Q8Gemm& g, const float* x, int64_t M, const float* b
   });
 }
 
-void Q8Gemm::run(const float* x, int64_t M, const float* bias, float* y) const {
+void PanelGemm::run(const float* x, int64_t M, const float* bias, float* y) const {
   if (M <= 0) return;
 #ifdef ROSEINFER_AVX2
-  if (M <= small_rows && M <= 4) return run_small(*this, x, M, bias, y);
+  if (q8.defined() && M <= small_rows && M <= 4) return run_small(*this, x, M, bias, y);
   return run_large(*this, x, M, bias, y);
 #else
   run_portable(*this, x, M, bias, y);
