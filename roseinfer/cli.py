@@ -18,8 +18,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--quantization", default="auto",
                    choices=["auto", "none", "fp16", "fp16+bf16", "int8"],
                    help="weight format: none (exact fp32), fp16 (fp16 weights, fp32 math), "
-                        "fp16+bf16 (plus bf16 GEMMs for 32+ rows), int8 (plus int8 weights "
-                        "for 1-2 row decode, bf16 copy where the CPU has AVX512-BF16); "
+                        "int8 (int8 weights with a scale per 32, fp32 math), fp16+bf16 "
+                        "(plus bf16 GEMMs for 32+ rows: not batch-invariant); "
                         "auto = int8 on CPU, none elsewhere")
     g.add_argument("--kv-cache-dtype", default="auto",
                    choices=["auto", "float32", "bfloat16", "float16"],

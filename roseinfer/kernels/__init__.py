@@ -79,8 +79,7 @@ def quantize_int8_blocks(weight: torch.Tensor, block: int = 32) -> tuple[torch.T
     """Symmetric int8 per block of ``block`` weights along a row: weight [N, K] ->
     (q int8 [N, K], scales float32 [N, K / block]), weight ~= q * scale per block.
 
-    The kernel computes with fp16(q * scale): the int8 copy serves small inputs (half
-    the bytes) and an fp16 copy of the same values large ones (``PanelGemm``)."""
+    ``PanelGemm`` multiplies each 32-block's int8 dot product by its scale."""
     n, k = weight.shape
     groups = weight.float().reshape(n, k // block, block)
     scales = (groups.abs().amax(-1) / 127.0).clamp(min=1e-30)  # [N, K / block]
