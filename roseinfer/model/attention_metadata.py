@@ -64,9 +64,6 @@ class AttentionMetadata:
     decode_mask: Tensor  # [D, Lmax] bool, True where the slot is a real context token
     decode_context_lens: Tensor  # [D] int64 context length (num_computed + 1)
     max_decode_context_len: int  # Lmax
-    # The same decode contexts as block tables, for kernels that walk the paged cache.
-    decode_block_tables: Tensor  # [D, W] int32 block ids (padding: block 0, never read)
-    decode_context_lens_i32: Tensor  # [D] int32
     block_size: int  # tokens per KV block
     # Prefill part, in flat-token order (tokens D..T-1).
     prefills: list[PrefillMetadata] = field(default_factory=list)
@@ -192,8 +189,6 @@ def build_attention_metadata(
         decode_mask=dec_mask.to(device),
         decode_context_lens=dec_lens.to(device),
         max_decode_context_len=lmax,
-        decode_block_tables=block_tables[:d].to(torch.int32).to(device),
-        decode_context_lens_i32=dec_lens.to(torch.int32).to(device),
         block_size=block_size,
         prefills=prefills,
         block_tables=block_tables.to(torch.int32).to(device),

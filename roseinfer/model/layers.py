@@ -191,8 +191,8 @@ def write_kv_cache(kv_cache: Tensor, slot_mapping: Tensor, k: Tensor, v: Tensor)
     kv_cache[1].index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
 
 
-def _use_decode_kernel(q: Tensor, kv_cache: Tensor) -> bool:
-    """True when the C++ paged decode-attention kernel can serve this call."""
+def _use_attention_kernel(q: Tensor, kv_cache: Tensor) -> bool:
+    """True when the C++ paged-attention kernel can serve this call."""
     if q.device.type != "cpu" or q.dtype != torch.float32:
         return False
     if kv_cache.dtype not in (torch.float32, torch.float16):
@@ -228,7 +228,7 @@ def paged_attention(
     out = torch.empty_like(q)  # [T, H, Dh]
     key_cache, value_cache = kv_cache[0], kv_cache[1]  # [slots, Hkv, Dh] each
 
-    if _use_decode_kernel(q, kv_cache) and meta.token_seq is not None:
+    if _use_attention_kernel(q, kv_cache) and meta.token_seq is not None:
         # Every row alike (prefill and decode), straight from the paged cache: a row's
         # result never depends on the rest of the batch (docs/CONTRACTS.md).
         return torch.ops.roseinfer.paged_attention(

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(not cpu_kernels_available(), reason="CPU kernels
 
 @pytest.mark.parametrize("head_dim", [64, 32, 128])
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16])
-def test_paged_decode_attention_matches_sdpa(head_dim: int, cache_dtype: torch.dtype) -> None:
+def test_paged_attention_matches_sdpa(head_dim: int, cache_dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(0)
     d, h, hkv, bs = 5, 6, 2, 4
     lens = torch.tensor([1, 3, 4, 9, 17], dtype=torch.int32)
@@ -27,7 +27,8 @@ def test_paged_decode_attention_matches_sdpa(head_dim: int, cache_dtype: torch.d
     cache = torch.randn(2, num_blocks * bs, hkv, head_dim, generator=gen).to(cache_dtype)
     tables = torch.randperm(num_blocks, generator=gen).view(d, width).to(torch.int32)
     q = torch.randn(d, h, head_dim, generator=gen)
-    got = torch.ops.roseinfer.paged_decode_attention(q, cache, tables, lens, bs, head_dim**-0.5)
+    rows = torch.arange(d, dtype=torch.int32)  # one query row per sequence
+    got = torch.ops.roseinfer.paged_attention(q, cache, tables, rows, lens, bs, head_dim**-0.5)
     for i in range(d):
         pos = torch.arange(int(lens[i]))
         slots = tables[i].long()[pos // bs] * bs + pos % bs

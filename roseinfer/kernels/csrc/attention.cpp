@@ -131,7 +131,7 @@ static inline void axpy_any(float* acc, float p, const at::Half* v, int64_t n) {
 // Work item = (sequence, KV head): each K/V row is read once for the G query heads
 // that share it.  q [D, H, Dh]; out [D, H, Dh].
 template <typename KV>
-void decode_attention(const float* q, const KV* kc, const KV* vc, const int32_t* bt,
+void attend_rows(const float* q, const KV* kc, const KV* vc, const int32_t* bt,
                       int64_t bt_stride, const int32_t* seq_of, const int32_t* lens, int64_t D,
                       int64_t H, int64_t Hkv, int64_t Dh, int64_t bs, float scale, float* out) {
   const int64_t G = H / Hkv;
@@ -143,7 +143,7 @@ void decode_attention(const float* q, const KV* kc, const KV* vc, const int32_t*
       const int64_t L = lens[d];
       scores.resize(G * L);
       const float* qd = q + (d * H + kh * G) * Dh;
-      const int32_t* table = bt + (seq_of ? (int64_t)seq_of[d] : d) * bt_stride;
+      const int32_t* table = bt + (int64_t)seq_of[d] * bt_stride;
       float* od = out + (d * H + kh * G) * Dh;
 #ifdef ROSEINFER_AVX2
       if (Dh == 64) {
@@ -189,10 +189,10 @@ void decode_attention(const float* q, const KV* kc, const KV* vc, const int32_t*
   });
 }
 
-template void decode_attention<float>(const float*, const float*, const float*, const int32_t*,
+template void attend_rows<float>(const float*, const float*, const float*, const int32_t*,
                                       int64_t, const int32_t*, const int32_t*, int64_t, int64_t,
                                       int64_t, int64_t, int64_t, float, float*);
-template void decode_attention<at::Half>(const float*, const at::Half*, const at::Half*,
+template void attend_rows<at::Half>(const float*, const at::Half*, const at::Half*,
                                          const int32_t*, int64_t, const int32_t*, const int32_t*,
                                          int64_t, int64_t, int64_t, int64_t, int64_t, float,
                                          float*);
@@ -207,23 +207,6 @@ void check_decode_args(const at::Tensor& kv_cache, const at::Tensor& block_table
               "block_tables must be int32 [D, W] with unit column stride");
   TORCH_CHECK(context_lens.scalar_type() == at::kInt && context_lens.is_contiguous(),
               "context_lens must be contiguous int32 [D]");
-}
-
-at::Tensor paged_decode_attention(at::Tensor q, at::Tensor kv_cache, at::Tensor block_tables,
-                                  at::Tensor context_lens, int64_t block_size, double scale) {
-  check_decode_args(kv_cache, block_tables, context_lens);
-  auto qc = q.contiguous();
-  TORCH_CHECK(qc.dim() == 3 && qc.scalar_type() == at::kFloat, "q must be float32 [D, H, Dh]");
-  const int64_t D = qc.size(0), H = qc.size(1), Dh = qc.size(2);
-  const int64_t Hkv = kv_cache.size(2);
-  TORCH_CHECK(kv_cache.size(3) == Dh && H % Hkv == 0, "head shapes do not match the cache");
-  auto out = at::empty_like(qc);
-  with_kv_halves(kv_cache, [&](auto* kc, auto* vc) {
-    decode_attention(qc.data_ptr<float>(), kc, vc, block_tables.data_ptr<int32_t>(),
-                     block_tables.stride(0), nullptr, context_lens.data_ptr<int32_t>(), D, H,
-                     Hkv, Dh, block_size, (float)scale, out.data_ptr<float>());
-  });
-  return out;
 }
 
 void check_token_seq(const at::Tensor& token_seq, const at::Tensor& block_tables, int64_t T) {
@@ -248,7 +231,7 @@ at::Tensor paged_attention(at::Tensor q, at::Tensor kv_cache, at::Tensor block_t
   check_token_seq(token_seq, block_tables, T);
   auto out = at::empty_like(qc);
   with_kv_halves(kv_cache, [&](auto* kc, auto* vc) {
-    decode_attention(qc.data_ptr<float>(), kc, vc, block_tables.data_ptr<int32_t>(),
+    attend_rows(qc.data_ptr<float>(), kc, vc, block_tables.data_ptr<int32_t>(),
                      block_tables.stride(0), token_seq.data_ptr<int32_t>(),
                      token_lens.data_ptr<int32_t>(), T, H, Hkv, Dh, block_size, (float)scale,
                      out.data_ptr<float>());

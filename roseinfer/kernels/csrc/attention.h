@@ -12,9 +12,9 @@ namespace roseinfer {
 
 // q [D, H, Dh]; out [D, H, Dh]; kc / vc: the K and V halves of one layer's cache, whose
 // elements are float or at::Half (instantiated for both).  Row d reads block-table row
-// seq_of[d] (row d itself when seq_of is null) and attends to positions 0..lens[d]-1.
+// seq_of[d] and attends to positions 0..lens[d]-1.
 template <typename KV>
-void decode_attention(const float* q, const KV* kc, const KV* vc, const int32_t* bt,
+void attend_rows(const float* q, const KV* kc, const KV* vc, const int32_t* bt,
                       int64_t bt_stride, const int32_t* seq_of, const int32_t* lens, int64_t D,
                       int64_t H, int64_t Hkv, int64_t Dh, int64_t bs, float scale, float* out);
 
@@ -23,9 +23,6 @@ void check_decode_args(const at::Tensor& kv_cache, const at::Tensor& block_table
 // token_seq: int32 [T] block-table row of each query row (checked against block_tables).
 void check_token_seq(const at::Tensor& token_seq, const at::Tensor& block_tables, int64_t T);
 
-// torch.ops.roseinfer.paged_decode_attention
-at::Tensor paged_decode_attention(at::Tensor q, at::Tensor kv_cache, at::Tensor block_tables,
-                                  at::Tensor context_lens, int64_t block_size, double scale);
 // torch.ops.roseinfer.paged_attention: q [T, H, Dh] rows of any mix of sequences; row t
 // uses block_tables[token_seq[t]] and attends to token_lens[t] positions.
 at::Tensor paged_attention(at::Tensor q, at::Tensor kv_cache, at::Tensor block_tables,

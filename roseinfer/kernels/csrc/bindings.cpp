@@ -3,8 +3,6 @@
 //       .set_bf16_weight(weight[N,K] bf16, min_rows): bf16 GEMM for inputs of >= min_rows
 //       .set_int8_weight(q[N,K] int8, scales[N,K/32] f32): W8A32 for every input
 //   torch.classes.roseinfer.LlamaStack(hidden, heads, kv_heads, head_dim, inter, eps, final_norm)
-//   torch.ops.roseinfer.paged_decode_attention(q, kv_cache, block_tables, context_lens,
-//                                              block_size, scale)
 //   torch.ops.roseinfer.paged_attention(q, kv_cache, block_tables, token_seq, token_lens,
 //                                       block_size, scale)   (prefill and decode rows)
 //   torch.ops.roseinfer.rms_norm(x, w, eps), .silu_mul(gate_up),
@@ -37,10 +35,6 @@ TORCH_LIBRARY(roseinfer, m) {
       .def("set_profiling", &roseinfer::LlamaStack::set_profiling)
       .def("profile", &roseinfer::LlamaStack::profile)
       .def("forward", &roseinfer::LlamaStack::forward);
-  m.def(
-      "paged_decode_attention(Tensor q, Tensor kv_cache, Tensor block_tables, "
-      "Tensor context_lens, int block_size, float scale) -> Tensor");
-  m.impl("paged_decode_attention", c10::DispatchKey::CPU, &roseinfer::paged_decode_attention);
   m.def(
       "paged_attention(Tensor q, Tensor kv_cache, Tensor block_tables, Tensor token_seq, "
       "Tensor token_lens, int block_size, float scale) -> Tensor");

@@ -60,7 +60,7 @@ at::Tensor LlamaStack::forward(at::Tensor h_in, at::Tensor positions, at::Tensor
     with_kv_halves(cache, [&](auto* kc, auto* vc) {
       rope_and_store(qp, B, H, Hkv, Dh, pp, sp, csp, qg, kc, vc);
       lap(2);
-      decode_attention(qg, kc, vc, bt, block_tables.stride(0), seq_of, lens, B, H, Hkv, Dh,
+      attend_rows(qg, kc, vc, bt, block_tables.stride(0), seq_of, lens, B, H, Hkv, Dh,
                        block_size, scale, attn.data_ptr<float>());
     });
     lap(1);
