@@ -4,9 +4,10 @@
 says whether it works; every caller falls back to plain PyTorch when it does not
 (no compiler, unsupported platform, or ``ROSEINFER_CPU_KERNELS=0``).  What it adds:
 
-* ``torch.classes.roseinfer.Linear``: int8-weight GEMM (W8A32, every input size),
-  fp16-weight GEMM (fbgemm) with the output columns split over the intra-op threads,
-  or the fp32 weight; optionally a bf16 copy for large inputs (oneDNN's bf16 GEMM);
+* ``torch.classes.roseinfer.Linear``: int8-weight x int16-activation GEMM (exact
+  integer block dots, every input size), fp16-weight panel GEMM, or the fp32 weight
+  (all three batch-invariant, output columns split over the intra-op threads);
+  optionally a bf16 copy for large inputs (oneDNN's bf16 GEMM, not invariant);
 * ``torch.ops.roseinfer.paged_attention``: attention of every row (decode or prefill)
   straight from the paged KV cache, one arithmetic per row (batch invariance);
 * ``torch.classes.roseinfer.LlamaStack``: all decoder layers of a step in one call
@@ -58,8 +59,8 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, fp16: bool,
                 bf16_min_rows: int = 0, int8: bool = False) -> object:
     """A ``torch.classes.roseinfer.Linear`` over ``weight`` [N, K] (kernels must be loaded).
 
-    ``int8``: int8 weights with one scale per 32 (``quantize_int8_blocks``) and fp32
-    activations for every input size (needs K % 32 == 0; else the fp16 / fp32 weight is
+    ``int8``: int8 weights with one scale per 32 (``quantize_int8_blocks``) against
+    activations quantized per row and 32-block to int16, for every input size (needs K % 32 == 0; else the fp16 / fp32 weight is
     kept).  Otherwise fp16 (fbgemm) or the fp32 weight, plus, with ``bf16_min_rows`` > 0,
     a bf16 copy for inputs of at least that many rows (not batch-invariant)."""
     w = weight.detach().float().contiguous()
@@ -79,7 +80,8 @@ def quantize_int8_blocks(weight: torch.Tensor, block: int = 32) -> tuple[torch.T
     """Symmetric int8 per block of ``block`` weights along a row: weight [N, K] ->
     (q int8 [N, K], scales float32 [N, K / block]), weight ~= q * scale per block.
 
-    ``PanelGemm`` multiplies each 32-block's int8 dot product by its scale."""
+    ``Q8Gemm`` (csrc/q8_gemm.h) multiplies each 32-block's exact integer dot product by
+    this scale times the activation block's."""
     n, k = weight.shape
     groups = weight.float().reshape(n, k // block, block)
     scales = (groups.abs().amax(-1) / 127.0).clamp(min=1e-30)  # [N, K / block]

@@ -24,18 +24,21 @@ the size of the fp16 one).  Switching kernels by row count makes it the one form
 that is not batch-invariant: opt-in only.
 
 ``"int8"`` (the CPU default) stores every weight as int8 with one fp32 scale per 32
-weights of a row (like llama.cpp's Q8_0) and computes with fp32 activations (W8A32),
-through one C++ kernel for every input size: a row's result never depends on how many
-rows share the call (batch invariance, docs/CONTRACTS.md).  Half the bytes of fp16 per
-decode step; the fp16 / fp32 copies are dropped.  Where the kernels are unavailable it
-falls back to "fp16".
+weights of a row (like llama.cpp's Q8_0) and quantizes each activation row per 32
+values to int16 (one scale per block, computed from that row alone): the 32-block dot
+products are exact int32 sums (AVX2 ``vpmaddwd``), scaled and summed in fp32 in block
+order (``kernels/csrc/q8_gemm.h``).  One kernel for every input size: a row's result
+never depends on how many rows share the call (batch invariance, docs/CONTRACTS.md).
+1.1 bytes per weight per decode step; the fp16 / fp32 copies are dropped.  Where the
+kernels are unavailable it falls back to "fp16".
 
 Embeddings and norms stay in the model dtype.  ``"none"`` leaves the model as is.
-int8 activations are not used: fbgemm's dynamic int8 (one activation scale per tensor)
-wrecks the default model (BENCHMARKS.md), per-token 8-bit activation scales with
-per-channel weights measured top-1 agreement 91.4% (7-bit: 87.0%), and even 8-bit
+int16 activations cost nothing measurable in quality (top-1 agreement 98.58% either
+way, tests/model/test_quantize.py); 8-bit ones do: fbgemm's dynamic int8 (one
+activation scale per tensor) wrecks the default model (BENCHMARKS.md), per-token 8-bit
+scales with per-channel weights measured top-1 agreement 91.4% (7-bit: 87.0%), and 8-bit
 activations with one scale per 32 values of a row (llama.cpp's Q8_0 x Q8_0) measured
-96.5% (weights alone: 98.6%), below the 98% gate of tests/model/test_quantize.py.
+96.5%, below the 98% gate.
 """
 
 from __future__ import annotations

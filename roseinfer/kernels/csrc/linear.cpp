@@ -94,7 +94,8 @@ void Linear::set_int8_weight(at::Tensor q, at::Tensor scales) {
               "in_features a multiple of 32");
   TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.numel() == out_features * (in_features / 32),
               "Linear.set_int8_weight: expected float32 scales [out_features, in_features / 32]");
-  panels = std::make_shared<PanelGemm>(q, scales);
+  q8 = std::make_shared<Q8Gemm>(q, scales);
+  panels.reset();
   // Every input now runs the int8 kernel: the other copies would only hold memory.
   weight = at::Tensor();
   weight_bf16 = at::Tensor();
@@ -105,6 +106,11 @@ void Linear::run(const at::Tensor& x, at::Tensor& y) const {
   if (weight_bf16.defined() && m >= bf16_min_rows) {  // fp16+bf16 only: not invariant
     y.copy_(at::linear(x.to(at::kBFloat16), weight_bf16));
     if (bias.defined()) y.add_(bias);
+    return;
+  }
+  if (q8) {
+    q8->run(x.data_ptr<float>(), m, bias.defined() ? bias.data_ptr<float>() : nullptr,
+            y.data_ptr<float>());
     return;
   }
   if (panels) {
@@ -125,6 +131,16 @@ void Linear::run(const at::Tensor& x, at::Tensor& y) const {
   } else {
     at::mm_out(y, x, weight.t());
   }
+}
+
+at::Tensor Linear::forward_portable(at::Tensor x) {
+  TORCH_CHECK(q8 && x.scalar_type() == at::kFloat && x.dim() == 2 && x.size(1) == in_features,
+              "Linear.forward_portable: int8 weights and a float32 [M, in_features] input");
+  auto x2 = x.contiguous();
+  auto y = at::empty({x2.size(0), out_features}, x.options());
+  q8->run_reference(x2.data_ptr<float>(), x2.size(0),
+                    bias.defined() ? bias.data_ptr<float>() : nullptr, y.data_ptr<float>());
+  return y;
 }
 
 at::Tensor Linear::forward(at::Tensor x) {

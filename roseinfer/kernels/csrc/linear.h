@@ -8,9 +8,9 @@
 //   bf16 copy (optional, set_bf16_weight): inputs of >= bf16_min_rows rows run as a bf16
 //         GEMM with fp32 accumulation (oneDNN; AVX512-BF16 / AMX do twice the fp32 rate).
 //   int8 (set_int8_weight): int8 weights with one fp32 scale per 32 weights of a row
-//         (Q8_0-like), fp32 activations and accumulation, for EVERY input size through
-//         PanelGemm (panel_gemm.h: one arithmetic per output element whatever M, batch
-//         invariance); the fp32 / fp16 / bf16 copies are dropped.
+//         (Q8_0), activations quantized per row and 32-block to int16, exact int32 block
+//         dots, for EVERY input size through Q8Gemm (q8_gemm.h: one arithmetic per output
+//         element whatever M, batch invariance); the fp32 / fp16 / bf16 copies are dropped.
 #pragma once
 
 #include <torch/custom_class.h>
@@ -20,6 +20,7 @@
 
 #include "common.h"
 #include "panel_gemm.h"
+#include "q8_gemm.h"
 
 namespace roseinfer {
 
@@ -31,13 +32,15 @@ struct Linear : torch::CustomClassHolder {
   bool use_gemv = true;  // fp32: the AVX2 kernel instead of MKL (A/B switch)
   at::Tensor weight_bf16;     // optional bf16 [N, K] for large inputs
   int64_t bf16_min_rows = 0;  // 0 = never
-  std::shared_ptr<PanelGemm> panels;  // int8 or fp16 weights: every input (but bf16's) runs it
+  std::shared_ptr<PanelGemm> panels;  // fp16 weights: every input (but bf16's) runs it
+  std::shared_ptr<Q8Gemm> q8;         // int8 weights: every input runs it
 
   Linear(at::Tensor w, std::optional<at::Tensor> b, bool fp16);
   void set_bf16_weight(at::Tensor w, int64_t min_rows);
   void set_int8_weight(at::Tensor q, at::Tensor scales);
   void run(const at::Tensor& x, at::Tensor& y) const;  // x [M,K] contiguous, y [M,N]
   at::Tensor forward(at::Tensor x);
+  at::Tensor forward_portable(at::Tensor x);  // int8: the portable kernel (tests)
 };
 
 }  // namespace roseinfer

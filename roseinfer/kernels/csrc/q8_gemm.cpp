@@ -1,0 +1,311 @@
+// int8-weight x int16-activation GEMM (see q8_gemm.h): packing, activation quantization,
+// the AVX2 kernel (int8 weights widened to int16 in registers, vpmaddwd against
+// broadcast int16 pairs of the activations: exact int32 block dots), the portable kernel
+// (same results) and the driver.
+#include "q8_gemm.h"
+
+#include <cstring>
+#include <memory>
+
+namespace roseinfer {
+
+namespace {
+
+constexpr int64_t kStepBytes = 32;                        // 16 columns x 2 k
+constexpr int64_t kScaleOffset = 16 * kStepBytes;         // scales follow 512 weight bytes
+constexpr int64_t kBlockBytes = kScaleOffset + 4 * kQ8Panel;  // 576
+constexpr float kActMax = 32767.f;
+
+inline int8_t packed_q(const uint8_t* blk, int c, int k) {
+  return static_cast<int8_t>(blk[(k / 2) * kStepBytes + 2 * c + k % 2]);
+}
+
+// One 32-block of a row: dx = max|x| / 32767, xq = rint(x / dx) clamped.
+inline void quantize_block_scalar(const float* x, int16_t* q, float* d) {
+  float amax = 0.f;
+  for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float dx = amax / kActMax;
+  *d = dx;
+  for (int i = 0; i < 32; ++i) {
+    const float v = dx == 0.f ? 0.f : std::nearbyint(x[i] / dx);
+    q[i] = static_cast<int16_t>(std::min(kActMax, std::max(-kActMax, v)));
+  }
+}
+
+#ifdef ROSEINFER_AVX2
+// The same values as quantize_block_scalar (max is exact, x / dx correctly rounded,
+// round to nearest even in both).
+inline void quantize_block_avx2(const float* x, int16_t* q, float* d) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 v[4];
+  for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(x + 8 * i);
+  const __m256 m = _mm256_max_ps(
+      _mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
+      _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_movehdup_ps(h));
+  const float dx = _mm_cvtss_f32(h) / kActMax;
+  *d = dx;
+  const __m256 dv = _mm256_set1_ps(dx == 0.f ? 1.f : dx);  // dx = 0: x = 0, so q = 0
+  const __m256 lo = _mm256_set1_ps(-kActMax), hi = _mm256_set1_ps(kActMax);
+  __m256i r[4];
+  for (int i = 0; i < 4; ++i) {
+    const __m256 t = _mm256_round_ps(_mm256_div_ps(v[i], dv),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r[i] = _mm256_cvtps_epi32(_mm256_min_ps(hi, _mm256_max_ps(lo, t)));
+  }
+  // The packs work per 128-bit lane: restore the element order with a permutation.
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
+                      _mm256_permute4x64_epi64(_mm256_packs_epi32(r[0], r[1]), 0xD8));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 16),
+                      _mm256_permute4x64_epi64(_mm256_packs_epi32(r[2], r[3]), 0xD8));
+}
+#endif
+
+// Rows [0, M) of x -> xq (rows of stride K) and dx [M, K/32].
+void quantize_rows(const float* x, int64_t M, int64_t K, int16_t* q, float* dx, bool portable) {
+  const int64_t KB = K / kQ8Block;
+  // Serial below ~128K values: not worth a fork/join.
+  at::parallel_for(0, M * KB, 4096, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+#ifdef ROSEINFER_AVX2
+      if (!portable) {
+        quantize_block_avx2(x + b * kQ8Block, q + b * kQ8Block, dx + b);
+        continue;
+      }
+#endif
+      quantize_block_scalar(x + b * kQ8Block, q + b * kQ8Block, dx + b);
+    }
+  });
+}
+
+// y rows [0, mr) x columns [n0, n0 + nc) from the accumulators: y = acc + b (or acc).
+inline void store_tile(const float* acc, int64_t mr, int64_t n0, int64_t nc, const float* bias,
+                       float* y, int64_t N) {
+  for (int64_t m = 0; m < mr; ++m) {
+    float* yr = y + m * N + n0;
+    const float* ar = acc + m * kQ8Panel;
+    for (int64_t c = 0; c < nc; ++c) yr[c] = bias ? ar[c] + bias[n0 + c] : ar[c];
+  }
+}
+
+// Portable kernel: one output element at a time, the same fp operations.
+void panels_scalar(const int16_t* xq, const float* dx, int64_t M, int64_t K, const uint8_t* wp,
+                   int64_t p0, int64_t p1, const float* bias, float* y, int64_t N) {
+  const int64_t KB = K / kQ8Block;
+  float acc[kQ8Panel];
+  for (int64_t p = p0; p < p1; ++p) {
+    for (int64_t m = 0; m < M; ++m) {
+      for (int c = 0; c < kQ8Panel; ++c) acc[c] = 0.f;
+      for (int64_t j = 0; j < KB; ++j) {
+        const uint8_t* blk = wp + (p * KB + j) * kBlockBytes;
+        const int16_t* xr = xq + m * K + j * kQ8Block;
+        const float d = dx[m * KB + j];
+        for (int c = 0; c < kQ8Panel; ++c) {
+          int32_t dot = 0;
+          for (int k = 0; k < kQ8Block; ++k) dot += int32_t(xr[k]) * int32_t(packed_q(blk, c, k));
+          float dw;
+          std::memcpy(&dw, blk + kScaleOffset + 4 * c, 4);
+          acc[c] = std::fma(static_cast<float>(dot), d * dw, acc[c]);
+        }
+      }
+      const int64_t n0 = p * kQ8Panel;
+      store_tile(acc, 1, n0, std::min<int64_t>(kQ8Panel, N - n0), bias, y + m * N, N);
+    }
+  }
+}
+
+#ifdef ROSEINFER_AVX2
+// The integer part of one 32-block for MR rows x 16 columns, in inline asm (GCC spills
+// the accumulators of an intrinsics version): 16 steps of two k; per step the 16
+// columns' int8 pairs are widened to int16 (2 x vpmovsxbw), and per row the k-pair of
+// int16 activations is broadcast and multiplied in with vpmaddwd (each int32 lane gets
+// at most 2 * 32767 * 127 per step: exact).
+#define Q8_HEAD "1:\n\tvpmovsxbw (%[w]), %%ymm12\n\tvpmovsxbw 16(%[w]), %%ymm13\n\t"
+// Up to 4 rows the weights stream from memory: prefetch them 2 KB ahead (one line per
+// two steps); a 5-row tile re-reads a panel already in L1.
+#define Q8_HEAD_PF \
+  "1:\n\tprefetcht0 2048(%[w])\n\tvpmovsxbw (%[w]), %%ymm12\n\tvpmovsxbw 16(%[w]), %%ymm13\n\t"
+#define Q8_ROW(m)                                 \
+  "vpbroadcastd (%[x" #m "],%[s]), %%ymm14\n\t"   \
+  "vpmaddwd %%ymm12, %%ymm14, %%ymm15\n\t"        \
+  "vpaddd %%ymm15, %[a" #m "0], %[a" #m "0]\n\t"  \
+  "vpmaddwd %%ymm13, %%ymm14, %%ymm14\n\t"        \
+  "vpaddd %%ymm14, %[a" #m "1], %[a" #m "1]\n\t"
+#define Q8_TAIL "add $32, %[w]\n\tadd $4, %[s]\n\tcmp $64, %[s]\n\tjne 1b\n\t"
+#define Q8_ACC(m) [a##m##0] "+x"(a[m][0]), [a##m##1] "+x"(a[m][1])
+#define Q8_TMP [w] "+r"(wp), [s] "+r"(s)
+#define Q8_CLOBBER "cc", "memory", "xmm12", "xmm13", "xmm14", "xmm15"
+
+template <int MR>
+inline void block_int_avx2(const int16_t* const* xr, const uint8_t* wp, __m256i (&a)[MR][2]) {
+  int64_t s = 0;
+  if constexpr (MR == 1) {
+    asm volatile(Q8_HEAD_PF Q8_ROW(0) Q8_TAIL
+                 : Q8_ACC(0), Q8_TMP
+                 : [x0] "r"(xr[0])
+                 : Q8_CLOBBER);
+  } else if constexpr (MR == 2) {
+    asm volatile(Q8_HEAD_PF Q8_ROW(0) Q8_ROW(1) Q8_TAIL
+                 : Q8_ACC(0), Q8_ACC(1), Q8_TMP
+                 : [x0] "r"(xr[0]), [x1] "r"(xr[1])
+                 : Q8_CLOBBER);
+  } else if constexpr (MR == 3) {
+    asm volatile(Q8_HEAD_PF Q8_ROW(0) Q8_ROW(1) Q8_ROW(2) Q8_TAIL
+                 : Q8_ACC(0), Q8_ACC(1), Q8_ACC(2), Q8_TMP
+                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), [x2] "r"(xr[2])
+                 : Q8_CLOBBER);
+  } else if constexpr (MR == 4) {
+    asm volatile(Q8_HEAD_PF Q8_ROW(0) Q8_ROW(1) Q8_ROW(2) Q8_ROW(3) Q8_TAIL
+                 : Q8_ACC(0), Q8_ACC(1), Q8_ACC(2), Q8_ACC(3), Q8_TMP
+                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), [x2] "r"(xr[2]), [x3] "r"(xr[3])
+                 : Q8_CLOBBER);
+  } else {
+    static_assert(MR == 5, "tile rows: 1..5");
+    asm volatile(Q8_HEAD Q8_ROW(0) Q8_ROW(1) Q8_ROW(2) Q8_ROW(3) Q8_ROW(4) Q8_TAIL
+                 : Q8_ACC(0), Q8_ACC(1), Q8_ACC(2), Q8_ACC(3), Q8_ACC(4), Q8_TMP
+                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), [x2] "r"(xr[2]), [x3] "r"(xr[3]),
+                   [x4] "r"(xr[4])
+                 : Q8_CLOBBER);
+  }
+}
+#undef Q8_HEAD
+#undef Q8_HEAD_PF
+#undef Q8_ROW
+#undef Q8_TAIL
+#undef Q8_ACC
+#undef Q8_TMP
+#undef Q8_CLOBBER
+
+// Rows [0, MR) x one panel (w: its first block) into y (+ bias); xq: int16 rows of
+// stride K, dx: scales of stride K/32.
+template <int MR>
+void tile_avx2(const int16_t* xq, const float* dx, int64_t K, const uint8_t* w, int64_t n0,
+               const float* bias, float* y, int64_t N) {
+  const int64_t KB = K / kQ8Block;
+  alignas(64) float acc[MR * kQ8Panel] = {};
+  for (int64_t j = 0; j < KB; ++j) {
+    __m256i a[MR][2];
+    const int16_t* xr[MR];
+    for (int m = 0; m < MR; ++m) {
+      a[m][0] = a[m][1] = _mm256_setzero_si256();
+      xr[m] = xq + m * K + j * kQ8Block;
+    }
+    const uint8_t* blk = w + j * kBlockBytes;
+    block_int_avx2<MR>(xr, blk, a);
+    const float* dwp = reinterpret_cast<const float*>(blk + kScaleOffset);
+    const __m256 dw0 = _mm256_loadu_ps(dwp), dw1 = _mm256_loadu_ps(dwp + 8);
+    for (int m = 0; m < MR; ++m) {
+      const __m256 d = _mm256_set1_ps(dx[m * KB + j]);
+      float* ar = acc + m * kQ8Panel;
+      _mm256_store_ps(ar, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[m][0]), _mm256_mul_ps(d, dw0),
+                                          _mm256_load_ps(ar)));
+      _mm256_store_ps(ar + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[m][1]),
+                                              _mm256_mul_ps(d, dw1), _mm256_load_ps(ar + 8)));
+    }
+  }
+  store_tile(acc, MR, n0, std::min<int64_t>(kQ8Panel, N - n0), bias, y, N);
+}
+#endif  // ROSEINFER_AVX2
+
+// Row tiles of at most mr_max rows over [m0, m1), sizes balanced (16 rows -> 4 x 4).
+template <typename F>
+inline void for_row_tiles(int64_t m0, int64_t m1, int64_t mr_max, F&& f) {
+  const int64_t n = m1 - m0;
+  if (n <= 0) return;
+  const int64_t tiles = (n + mr_max - 1) / mr_max, base = n / tiles, extra = n % tiles;
+  for (int64_t t = 0, m = m0; t < tiles; ++t) {
+    const int64_t mr = base + (t < extra ? 1 : 0);
+    f(m, mr);
+    m += mr;
+  }
+}
+
+// Output panels split over the threads; per thread, rows in chunks whose activations
+// stay in L2, each panel (~K/2 KB, in L1) then swept by register tiles of rows.
+void gemm(const Q8Gemm& g, const float* x, int64_t M, const float* bias, float* y,
+          bool portable) {
+  if (M <= 0 || g.N == 0) return;
+  const int64_t K = g.K, N = g.N, KB = K / kQ8Block, NP = (N + kQ8Panel - 1) / kQ8Panel;
+  std::unique_ptr<int16_t[]> xq(new int16_t[M * K]);
+  std::unique_ptr<float[]> dx(new float[M * KB]);
+  quantize_rows(x, M, K, xq.get(), dx.get(), portable);
+  const uint8_t* wp = g.packed.data_ptr<uint8_t>();
+  const int64_t panel_bytes = KB * kBlockBytes;
+  const int64_t mc = std::max<int64_t>(8, (int64_t(1) << 17) / K);  // ~256 KB of rows
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 17) / (M * K * kQ8Panel));
+  at::parallel_for(0, NP, grain, [&](int64_t p0, int64_t p1) {
+#ifdef ROSEINFER_AVX2
+    if (!portable) {
+      for (int64_t c0 = 0; c0 < M; c0 += mc) {
+        for (int64_t p = p0; p < p1; ++p) {
+          const uint8_t* panel = wp + p * panel_bytes;
+          const int64_t n0 = p * kQ8Panel;
+          for_row_tiles(c0, std::min(M, c0 + mc), 5, [&](int64_t m, int64_t mr) {
+            const int16_t* xm = xq.get() + m * K;
+            const float* dm = dx.get() + m * KB;
+            float* ym = y + m * N;
+            switch (mr) {
+              case 1: tile_avx2<1>(xm, dm, K, panel, n0, bias, ym, N); break;
+              case 2: tile_avx2<2>(xm, dm, K, panel, n0, bias, ym, N); break;
+              case 3: tile_avx2<3>(xm, dm, K, panel, n0, bias, ym, N); break;
+              case 4: tile_avx2<4>(xm, dm, K, panel, n0, bias, ym, N); break;
+              default: tile_avx2<5>(xm, dm, K, panel, n0, bias, ym, N); break;
+            }
+          });
+        }
+      }
+      return;
+    }
+#endif
+    panels_scalar(xq.get(), dx.get(), M, K, wp, p0, p1, bias, y, N);
+  });
+}
+
+}  // namespace
+
+void q8_quantize_act(const float* x, int64_t M, int64_t K, int16_t* xq, float* dx) {
+  quantize_rows(x, M, K, xq, dx, false);
+}
+
+Q8Gemm::Q8Gemm(const at::Tensor& q_, const at::Tensor& scales_) {
+  TORCH_CHECK(q_.dim() == 2 && q_.scalar_type() == at::kChar && q_.size(1) % kQ8Block == 0,
+              "Q8Gemm: expected int8 weights [N, K] with K % 32 == 0");
+  N = q_.size(0);
+  K = q_.size(1);
+  const int64_t KB = K / kQ8Block;
+  TORCH_CHECK(scales_.scalar_type() == at::kFloat && scales_.numel() == N * KB,
+              "Q8Gemm: expected float32 scales [N, K / 32]");
+  const auto q = q_.contiguous();
+  const auto sc = scales_.contiguous();
+  TORCH_CHECK(!(q == -128).any().item<bool>(), "Q8Gemm: weights must lie in [-127, 127]");
+  const int8_t* qp = q.data_ptr<int8_t>();
+  const float* sp = sc.data_ptr<float>();
+  const int64_t NP = (N + kQ8Panel - 1) / kQ8Panel;
+  packed = at::zeros({NP * KB * kBlockBytes}, at::TensorOptions().dtype(at::kByte));
+  uint8_t* out = packed.data_ptr<uint8_t>();
+  at::parallel_for(0, NP, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t j = 0; j < KB; ++j) {
+        uint8_t* blk = out + (p * KB + j) * kBlockBytes;
+        for (int c = 0; c < kQ8Panel && p * kQ8Panel + c < N; ++c) {
+          const int64_t n = p * kQ8Panel + c;
+          const int8_t* src = qp + n * K + j * kQ8Block;
+          for (int k = 0; k < kQ8Block; ++k)
+            blk[(k / 2) * kStepBytes + 2 * c + k % 2] = static_cast<uint8_t>(src[k]);
+          std::memcpy(blk + kScaleOffset + 4 * c, sp + n * KB + j, 4);
+        }
+      }
+  });
+}
+
+void Q8Gemm::run(const float* x, int64_t M, const float* bias, float* y) const {
+  gemm(*this, x, M, bias, y, false);
+}
+
+void Q8Gemm::run_reference(const float* x, int64_t M, const float* bias, float* y) const {
+  gemm(*this, x, M, bias, y, true);
+}
+
+}  // namespace roseinfer

@@ -1,0 +1,42 @@
+// Batch-invariant int8-weight GEMM ("int8" format): y[M, N] = x[M, K] W^T + b with
+// int8 weights q (|q| <= 127, one fp32 scale dw per 32 weights of a row, Q8_0) and
+// activations quantized per row and 32-block to int16: dx = max|x| / 32767,
+// xq = rint(x / dx) clamped to [-32767, 32767] (dx = 0: zeros).  Per output element:
+//   acc = 0;  for j = 0 .. K/32-1:  acc = fma(float(dot_j), dx[m, j] * dw[n, j], acc)
+//   y[m, n] = acc + b[n]
+// with dot_j the exact int32 dot product of the j-th 32-blocks of xq[m] and q[n]
+// (|dot_j| <= 32 * 32767 * 127 < 2^31).  Integer sums are exact, so their order is free:
+// the result depends only on (x[m, :], q[n, :], dw[n, :]), never on M, the row's
+// position, the tiling, the threads or the ISA path (docs/CONTRACTS.md, batch
+// invariance).  int16 activations keep the quality of fp32 ones (relative step 3e-5;
+// int8 activations cost ~2 points of top-1, see model/quantize.py).
+// Weights are packed once into 16-column panels, split over the intra-op threads; row
+// tiles of up to 5 rows share each widened weight load.
+#pragma once
+
+#include "common.h"
+
+namespace roseinfer {
+
+constexpr int64_t kQ8Block = 32;  // weights (activations) per scale
+constexpr int64_t kQ8Panel = 16;  // output columns per packed panel
+
+// Packed weights: per panel p (16 columns) and 32-block j, at byte (p * K/32 + j) * 576:
+// 16 steps of 32 bytes (step s: for columns c = 0..15 the two weights q[16p+c, 32j+2s]
+// and q[16p+c, 32j+2s+1]), then the 16 fp32 scales dw[16p+c, j].  Padding columns zero.
+struct Q8Gemm {
+  at::Tensor packed;  // uint8
+  int64_t N = 0, K = 0;
+
+  // q int8 [N, K] (K % 32 == 0, no -128), scales fp32 [N, K/32].
+  Q8Gemm(const at::Tensor& q, const at::Tensor& scales);
+  // x [M, K] row-major fp32, y [M, N] row-major fp32, bias [N] or null.
+  void run(const float* x, int64_t M, const float* bias, float* y) const;
+  // The portable kernel (same results; for tests on any machine).
+  void run_reference(const float* x, int64_t M, const float* bias, float* y) const;
+};
+
+// The activation quantization run() applies (for tests): xq [M, K], dx [M, K/32].
+void q8_quantize_act(const float* x, int64_t M, int64_t K, int16_t* xq, float* dx);
+
+}  // namespace roseinfer
