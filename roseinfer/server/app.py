@@ -20,10 +20,12 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from roseinfer.engine.async_engine import AsyncEngine
-from roseinfer.server import routes_misc, routes_openai
+from roseinfer.server import routes_misc, routes_openai, routes_ui
 from roseinfer.server.errors import APIError, install_error_handlers
 from roseinfer.server.metrics import ServerMetrics
 from roseinfer.server.state import ServerSettings, ServerState
+from roseinfer.server.ui import STATIC_DIR
+from roseinfer.server.ui.assets import UiAssets
 
 # Open without an API key: probes and scrapers.
 PUBLIC_PATHS = frozenset({"/health", "/metrics", "/ping"})
@@ -38,6 +40,7 @@ class GuardMiddleware:
     def __init__(self, app: ASGIApp, settings: ServerSettings) -> None:
         self.app = app
         self.api_key = settings.api_key
+        self.ui = settings.ui  # the UI's page and files are public too (routes_ui)
         self.max_body = settings.max_body_bytes
         self.drain_limit = max(MIN_DRAIN_BYTES, 4 * settings.max_body_bytes)
 
@@ -45,7 +48,7 @@ class GuardMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if self.api_key is not None and scope["path"] not in PUBLIC_PATHS:
+        if self.api_key is not None and not self._public(scope["path"]):
             if not self._authorized(scope):
                 error = APIError(401, "Invalid or missing API key: send 'Authorization: Bearer "
                                  "<key>'.", code="invalid_api_key",
@@ -63,6 +66,9 @@ class GuardMiddleware:
                 return
             receive = _replay(body, receive)
         await self.app(scope, receive, send)
+
+    def _public(self, path: str) -> bool:
+        return path in PUBLIC_PATHS or (self.ui and routes_ui.is_public(path))
 
     def _authorized(self, scope: Scope) -> bool:
         value = _header(scope, b"authorization") or ""
@@ -162,5 +168,7 @@ def create_app(async_engine: AsyncEngine, settings: ServerSettings | None = None
     install_error_handlers(app)
     app.include_router(routes_openai.router)
     app.include_router(routes_misc.router)
+    if settings.ui:
+        app.include_router(routes_ui.build_router(UiAssets(STATIC_DIR)))
     app.add_middleware(GuardMiddleware, settings=settings)
     return app

@@ -49,6 +49,8 @@ def register(subparsers: Any) -> None:
                    help="seconds between stats log lines while busy")
     g.add_argument("--no-warmup", dest="warmup", action="store_false", default=True,
                    help="skip the warm-up generation at startup")
+    g.add_argument("--no-ui", dest="ui", action="store_false", default=True,
+                   help="do not serve the web UI (chat + engine dashboard) at /")
     g.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=cmd_serve)
@@ -147,8 +149,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     async_engine = AsyncEngine.launch(build, max_waiting_requests=args.max_waiting_requests,
                                       log_stats_interval=args.log_stats_interval)
     settings = ServerSettings(served_model_names=names, api_key=args.api_key,
-                              max_body_bytes=args.max_body_bytes)
+                              max_body_bytes=args.max_body_bytes, ui=args.ui)
     logger.info("serving %s at http://%s:%d/v1 (API key %s)", ", ".join(names), args.host,
                 args.port, "required" if args.api_key else "not required")
+    if args.ui:
+        logger.info("web UI (chat + engine dashboard) at http://%s:%d/", args.host, args.port)
     return run_server(async_engine, settings, args.host, args.port, args.graceful_timeout,
                       args.log_level)

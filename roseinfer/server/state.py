@@ -40,6 +40,7 @@ class ServerSettings:
     api_key: str | None = None
     max_body_bytes: int = 4 << 20
     retry_after_s: int = 1
+    ui: bool = False  # the web UI at / (routes_ui); `roseinfer serve` turns it on
 
     def __post_init__(self) -> None:
         if not self.served_model_names:
