@@ -4,7 +4,11 @@ A decode step (one new token per sequence) of a float32 CPU model with a SiLU ML
 then runs every decoder layer in one call: no Python per layer, no per-op dispatch.
 The stack shares the model's tensors (norm weights, fp32 linear weights) or its
 prepacked fp16 kernels, so it costs no extra weight memory and sees weight reloads.
-Anything it does not cover returns None and the model keeps its PyTorch path.
+Anything it does not cover returns None and the model keeps its per-layer path
+(``stack_unsupported_reason`` names why: the stack has no sliding window, soft-capping,
+q/k norm, partial rotary, other attention scale, per-layer rope or non-Llama layers).
+Rope scaling (llama3, linear, longrope) is only in the cos/sin table it is handed, so
+Llama 3.x and full-rotary Phi-3 keep the stack.
 """
 
 from __future__ import annotations
@@ -30,12 +34,31 @@ def _kernel_linear(module: nn.Module) -> object | None:
     return None
 
 
+def stack_unsupported_reason(model: Any) -> str | None:
+    """Why the LlamaStack cannot compute ``model``'s layers exactly (None: it can)."""
+    cfg = model.config
+    checks = (
+        (not getattr(model, "supports_decode_stack", False), f"{cfg.architecture} layers"),
+        (cfg.hidden_act not in ("silu", "swish"), f"activation {cfg.hidden_act}"),
+        (cfg.qk_norm, "q/k norms"),
+        (cfg.sliding_window is not None, "sliding-window attention"),
+        (cfg.attn_logit_softcapping is not None, "attention-logit soft-capping"),
+        (cfg.query_pre_attn_scalar is not None, "query_pre_attn_scalar attention scale"),
+        (cfg.rotary_dim != cfg.head_dim, "partial rotary"),
+        (cfg.rope_local_theta is not None, "per-layer rope bases"),
+    )
+    return next((reason for failed, reason in checks if failed), None)
+
+
 def build_llama_decode_stack(model: Any, sample: Tensor) -> object | None:
     """A ``torch.classes.roseinfer.LlamaStack`` for ``model``, or None when not applicable."""
     cfg = model.config
     if sample.device.type != "cpu" or sample.dtype != torch.float32:
         return None
-    if cfg.hidden_act not in ("silu", "swish"):
+    reason = stack_unsupported_reason(model)
+    if reason is not None:
+        logger.info("%s runs layer by layer (the C++ decoder stack has no %s)",
+                    cfg.architecture, reason)
         return None
     from roseinfer.kernels import cpu_kernels_available
 

@@ -6,9 +6,9 @@ string and needs ~4 s for a 49k-token vocabulary, this takes ~0.1 s. Tensor
 data stays memory-mapped; each tensor is dequantized with
 ``gguf.quants.dequantize`` only when the weights iterator reaches it.
 
-Tensor names are mapped to Hugging Face names; llama.cpp's row permutation of
-the Q/K projections (llama arch) is undone, and GPT-2 matrices are transposed
-back to HF's ``Conv1D`` ``[in, out]`` layout.
+Tensor names are mapped to Hugging Face names and llama.cpp's changes to the
+values undone (Q/K row permutation, Gemma's ``1 + weight`` norms, GPT-2's transposed
+``Conv1D``); what each architecture needs is in :mod:`roseinfer.model.gguf_arch`.
 """
 
 from __future__ import annotations
@@ -29,15 +29,11 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
 from roseinfer.model.config import ModelConfig
+from roseinfer.model.gguf_arch import ROPE_TENSORS, gguf_model_config, hf_name, to_hf_tensor
+from roseinfer.model.gguf_arch import llama3_rope_factors as llama3_rope_factors  # re-export
 from roseinfer.model.loader import Checkpoint
 
 logger = logging.getLogger(__name__)
-
-ARCHITECTURES: Mapping[str, str] = MappingProxyType({
-    "llama": "LlamaForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "gpt2": "GPT2LMHeadModel",
-})
 
 _SCALARS: Mapping[int, tuple[str, int]] = MappingProxyType({  # GGUFValueType -> (struct, size)
     0: ("B", 1), 1: ("b", 1), 2: ("H", 2), 3: ("h", 2), 4: ("I", 4), 5: ("i", 4),
@@ -52,26 +48,6 @@ _PLAIN: Mapping[GGMLQuantizationType, Any] = MappingProxyType({
     GGMLQuantizationType.I8: np.int8, GGMLQuantizationType.I16: np.int16,
     GGMLQuantizationType.I32: np.int32, GGMLQuantizationType.I64: np.int64,
 })
-
-_LLAMA_BLOCK: Mapping[str, str] = MappingProxyType({
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-})
-_LLAMA_TOP: Mapping[str, str] = MappingProxyType({
-    "token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head",
-})
-_GPT2_BLOCK: Mapping[str, str] = MappingProxyType({
-    "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj", "ffn_up": "mlp.c_fc",
-    "ffn_down": "mlp.c_proj", "attn_norm": "ln_1", "ffn_norm": "ln_2",
-})
-_GPT2_TOP: Mapping[str, str] = MappingProxyType({
-    "token_embd": "transformer.wte", "position_embd": "transformer.wpe",
-    "output_norm": "transformer.ln_f", "output": "lm_head",
-})
-_GPT2_CONV1D = frozenset({"attn_qkv", "attn_output", "ffn_up", "ffn_down"})
-
 
 @dataclass(frozen=True)
 class GGUFTensorInfo:
@@ -187,144 +163,18 @@ def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
     return GGUFFile(path).metadata
 
 
-def gguf_model_config(gf: GGUFFile) -> ModelConfig:
-    """ModelConfig from a GGUF file's metadata (and tensor table, for vocab and tying)."""
-    arch = gf.architecture
-    if arch not in ARCHITECTURES:
-        raise ValueError(
-            f"{gf.path}: unsupported GGUF architecture {arch!r} "
-            f"(supported: {', '.join(ARCHITECTURES)})"
-        )
-    md = gf.metadata
-    hidden = int(gf.arch_key("embedding_length"))
-    heads = int(gf.arch_key("attention.head_count"))
-    kv_heads = gf.arch_key("attention.head_count_kv") or heads
-    embd = gf.tensors.get("token_embd.weight")
-    if embd is not None:
-        vocab = embd.shape[0]
-    elif gf.arch_key("vocab_size") is not None:
-        vocab = int(gf.arch_key("vocab_size"))
-    else:
-        vocab = len(md.get("tokenizer.ggml.tokens", ()))
-    eos_ids: list[int] = []
-    for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
-        value = md.get(f"tokenizer.ggml.{key}")
-        if value is not None and int(value) not in eos_ids:
-            eos_ids.append(int(value))
-    bos = md.get("tokenizer.ggml.bos_token_id")
-    common: dict[str, Any] = dict(
-        architecture=ARCHITECTURES[arch],
-        vocab_size=vocab,
-        hidden_size=hidden,
-        num_layers=int(gf.arch_key("block_count")),
-        num_heads=heads,
-        num_kv_heads=int(kv_heads),
-        head_dim=int(gf.arch_key("attention.key_length") or hidden // heads),
-        intermediate_size=int(gf.arch_key("feed_forward_length") or 4 * hidden),
-        max_position_embeddings=int(gf.arch_key("context_length") or 2048),
-        tie_word_embeddings="output.weight" not in gf.tensors,
-        bos_token_id=int(bos) if bos is not None else None,
-        eos_token_ids=tuple(eos_ids),
-    )
-    if arch == "gpt2":
-        return ModelConfig(**common, norm_eps=float(gf.arch_key("attention.layer_norm_epsilon", 1e-5)),
-                           attention_bias=True, hidden_act="gelu_new")
-    return ModelConfig(
-        **common,
-        norm_eps=float(gf.arch_key("attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_theta=float(gf.arch_key("rope.freq_base", 10000.0)),
-        rope_scaling=_rope_scaling(gf, common["head_dim"]),
-        attention_bias=arch == "qwen2",
-        hidden_act="silu",
-    )
-
-
-def _rope_scaling(gf: GGUFFile, head_dim: int) -> dict[str, Any] | None:
-    """HF ``rope_scaling`` from ``rope.scaling.*`` keys or a llama3 ``rope_freqs`` tensor."""
-    kind = gf.arch_key("rope.scaling.type")
-    if kind not in (None, "none"):
-        scaling: dict[str, Any] = {"rope_type": str(kind),
-                                   "factor": float(gf.arch_key("rope.scaling.factor", 1.0))}
-        orig = gf.arch_key("rope.scaling.original_context_length")
-        if orig is not None:
-            scaling["original_max_position_embeddings"] = int(orig)
-        for key, hf_key in (("attn_factor", "attention_factor"), ("yarn_beta_fast", "beta_fast"),
-                            ("yarn_beta_slow", "beta_slow")):
-            if gf.arch_key(f"rope.scaling.{key}") is not None:
-                scaling[hf_key] = float(gf.arch_key(f"rope.scaling.{key}"))
-        return scaling
-    info = gf.tensors.get("rope_freqs.weight")
-    if info is None:
-        return None
-    factors = gf.read_tensor(info).double().numpy()
-    theta = float(gf.arch_key("rope.freq_base", 10000.0))
-    dim = int(gf.arch_key("rope.dimension_count") or head_dim)
-    return _llama3_scaling_from_factors(factors, theta, dim, gf.path)
-
-
-def llama3_rope_factors(theta: float, dim: int, factor: float, low: float, high: float,
-                        orig: int) -> np.ndarray:
-    """The ``rope_freqs`` tensor llama.cpp's converter writes for HF ``rope_type: llama3``."""
-    freqs = 1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
-    wavelen = 2 * math.pi / freqs
-    smooth = (orig / wavelen - low) / (high - low)
-    mid = 1.0 / ((1 - smooth) / factor + smooth)
-    return np.where(wavelen < orig / high, 1.0, np.where(wavelen > orig / low, factor, mid))
-
-
-def _llama3_scaling_from_factors(factors: np.ndarray, theta: float, dim: int,
-                                 path: Path) -> dict[str, Any]:
-    factor = float(factors.max())
-    # Every Llama 3.x model uses low=1, high=4, original context 8192; verify, don't guess.
-    for low, high, orig in ((1.0, 4.0, 8192),):
-        want = llama3_rope_factors(theta, dim, factor, low, high, orig)
-        if want.shape == factors.shape and np.allclose(want, factors, rtol=1e-4, atol=1e-4):
-            return {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
-                    "high_freq_factor": high, "original_max_position_embeddings": orig}
-    raise ValueError(f"{path}: rope_freqs.weight does not match llama3 rope scaling; "
-                     "this GGUF's RoPE frequencies are not supported")
-
-
-def _hf_name(gguf_name: str, arch: str) -> tuple[str, str] | None:
-    """(HF name, GGUF part like 'attn_q') for a GGUF tensor name, or None if unknown."""
-    stem, _, kind = gguf_name.rpartition(".")
-    if kind not in ("weight", "bias"):
-        return None
-    block, top = (_GPT2_BLOCK, _GPT2_TOP) if arch == "gpt2" else (_LLAMA_BLOCK, _LLAMA_TOP)
-    parts = stem.split(".")
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in block:
-        prefix = "transformer.h" if arch == "gpt2" else "model.layers"
-        return f"{prefix}.{parts[1]}.{block[parts[2]]}.{kind}", parts[2]
-    if len(parts) == 1 and stem in top:
-        return f"{top[stem]}.{kind}", stem
-    return None
-
-
-def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
-    """Undo llama.cpp's ``permute(w, n_head)`` on Q/K rows (weights [out, in] or biases [out])."""
-    half = w.shape[0] // n_head // 2
-    return (w.reshape(n_head, half, 2, *w.shape[1:]).transpose(1, 2)
-            .reshape(w.shape).contiguous())
-
-
 def iter_gguf_weights(gf: GGUFFile, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (HF name, tensor) for every model tensor in the file, one at a time."""
     arch = gf.architecture
     for info in gf.tensors.values():
-        if info.name == "rope_freqs.weight":  # folded into config.rope_scaling
+        if info.name in ROPE_TENSORS:  # folded into config.rope_scaling
             continue
-        mapped = _hf_name(info.name, arch)
+        mapped = hf_name(info.name, arch)
         if mapped is None:
             logger.warning("%s: skipping unknown GGUF tensor %r", gf.path, info.name)
             continue
         name, part = mapped
-        tensor = gf.read_tensor(info)
-        if arch == "llama" and part in ("attn_q", "attn_k"):
-            tensor = unpermute_qk(tensor, config.num_heads if part == "attn_q"
-                                  else config.num_kv_heads)
-        elif arch == "gpt2" and part in _GPT2_CONV1D and tensor.dim() == 2:
-            tensor = tensor.t().contiguous()
-        yield name, tensor
+        yield name, to_hf_tensor(gf.read_tensor(info), arch, part, config)
 
 
 def load_gguf(path: str | Path) -> Checkpoint:

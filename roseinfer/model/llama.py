@@ -1,16 +1,22 @@
-"""Llama-family decoder (Llama 2/3/3.1, Mistral, Qwen2, SmolLM) over a paged KV cache.
+"""Llama-family decoder (Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3, Phi-3, SmolLM) over a
+paged KV cache, and the base the Gemma models (``gemma``) specialise.
 
 One implementation covers the family; the differences are config-driven:
 
 * Qwen2: ``attention_bias`` (bias on q/k/v, never on o_proj).
 * Llama with ``attention_bias``: bias on q/k/v and o_proj (as transformers does).
-* Mistral: plain Llama.  Its sliding window is ignored: attention is full causal, which
-  is exact while contexts stay within the window (4096 for Mistral-7B v0.1, and
-  v0.2+ have no window).  Qwen2's optional sliding window is ignored likewise.
+* Llama 3.x: ``llama3`` / ``linear`` rope scaling lives in the cos/sin table only;
+  Llama 3.2 1B/3B tie the embeddings.
+* Mistral, Phi-3, Qwen2/3 with ``use_sliding_window``: the sliding window is honoured
+  (``sliding_window``; ``ModelConfig.is_sliding_layer``), see ``sliding_window``.
+* Qwen3 (``qwen3``): per-head RMSNorm on q and k before rotary (``config.qk_norm``).
+* Phi-3 / Phi-4-mini (``phi3``): fused checkpoint tensors, ``longrope``, partial rotary.
 * SmolLM: Llama with tied embeddings.
 
 Hugging Face names are mirrored (``model.layers.N.self_attn...``) except that q/k/v
-are fused into ``qkv_proj`` and gate/up into ``gate_up_proj``.
+are fused into ``qkv_proj`` and gate/up into ``gate_up_proj``.  A plain Llama-shaped
+float32 CPU model runs every decoder layer in the C++ stack (``fast_path`` says when);
+everything else runs the layers below, with the C++ row ops where they apply.
 """
 
 from __future__ import annotations
@@ -21,58 +27,29 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from roseinfer.model.attention import Attention
 from roseinfer.model.attention_metadata import AttentionMetadata
 from roseinfer.model.config import ModelConfig
 from roseinfer.model.layers import (
     RMSNorm,
-    RopeInputs,
-    RotaryEmbedding,
     WeightLoadTracker,
-    apply_rotary,
     get_activation,
-    paged_attention,
-    rope_inputs,
     row_kernels_usable,
 )
+from roseinfer.model.rope import RopeInputs, RotaryEmbedding, rope_inputs
+from roseinfer.model.sliding_window import WindowView, sliding_window_view
 
 
-class LlamaAttention(nn.Module):
+class LlamaAttention(Attention):
     """Fused-QKV GQA attention with rotary embedding and paged KV cache."""
 
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.num_heads = config.num_heads
-        self.num_kv_heads = config.num_kv_heads
-        self.head_dim = config.head_dim
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
-        self.scale = self.head_dim**-0.5
+    def __init__(self, config: ModelConfig, layer: int = 0) -> None:
         o_bias = config.attention_bias and not config.architecture.lower().startswith("qwen2")
-        self.qkv_proj = nn.Linear(
-            config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias
+        super().__init__(
+            config, qkv_bias=config.attention_bias, o_bias=o_bias,
+            scale=config.head_dim**-0.5, qk_norm=RMSNorm if config.qk_norm else None,
+            sliding=config.is_sliding_layer(layer),
         )
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=o_bias)
-
-    def forward(
-        self, x: Tensor, rope: RopeInputs, kv_cache: Tensor, meta: AttentionMetadata
-    ) -> Tensor:  # x [T, hidden] -> [T, hidden]
-        qkv = self.qkv_proj(x)  # [T, q_size + 2 * kv_size]
-        if rope.fused:  # rotary in place + K/V into the cache, one C++ pass
-            qkv = qkv.contiguous()
-            torch.ops.roseinfer.rope_and_cache_(
-                qkv, rope.positions, rope.cos_sin_cache, kv_cache, meta.slot_mapping,
-                self.num_heads, self.num_kv_heads,
-            )
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)  # [T, H, Dh]
-        k = k.view(-1, self.num_kv_heads, self.head_dim)  # [T, Hkv, Dh]
-        v = v.view(-1, self.num_kv_heads, self.head_dim)  # [T, Hkv, Dh]
-        if not rope.fused:
-            assert rope.cos is not None and rope.sin is not None
-            q = apply_rotary(q, rope.cos, rope.sin)
-            k = apply_rotary(k, rope.cos, rope.sin)
-        out = paged_attention(q, k, v, kv_cache, meta, self.scale, kv_written=rope.fused)
-        return self.o_proj(out.reshape(-1, self.q_size))  # [T, hidden]
 
 
 class LlamaMLP(nn.Module):
@@ -97,43 +74,58 @@ class LlamaMLP(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm transformer block."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, layer: int = 0) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
-        self.self_attn = LlamaAttention(config)
+        self.self_attn = LlamaAttention(config, layer)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
         self.mlp = LlamaMLP(config)
 
     def forward(
-        self, h: Tensor, rope: RopeInputs, kv_cache: Tensor, meta: AttentionMetadata
+        self, h: Tensor, rope: RopeInputs, kv_cache: Tensor, meta: AttentionMetadata,
+        window: WindowView | None = None,
     ) -> Tensor:  # [T, hidden] -> [T, hidden]
-        h = h + self.self_attn(self.input_layernorm(h), rope, kv_cache, meta)
+        h = h + self.self_attn(self.input_layernorm(h), rope, kv_cache, meta, window)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
 class LlamaModel(nn.Module):
-    """Embedding, decoder stack, final norm; holds the shared rotary cache."""
+    """Embedding, decoder stack, final norm; holds the shared rotary caches (a second one
+    for layers with their own rope base: Gemma 3's sliding layers)."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, layer_cls: type[nn.Module],
+                 norm_cls: type[nn.Module]) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.layers = nn.ModuleList(layer_cls(config, i) for i in range(config.num_layers))
+        self.norm = norm_cls(config.hidden_size, config.norm_eps)
         self.rotary_emb = RotaryEmbedding(
             config.head_dim,
             config.max_position_embeddings,
             config.rope_theta,
             config.rope_scaling,
+            config.rotary_dim,
         )
+        self.rotary_emb_local: RotaryEmbedding | None = None
+        if config.rope_local_theta is not None:
+            self.rotary_emb_local = RotaryEmbedding(
+                config.head_dim, config.max_position_embeddings, config.rope_local_theta,
+                None, config.rotary_dim,
+            )
 
 
 class LlamaForCausalLM(nn.Module):
-    """Llama / Mistral / Qwen2 / SmolLM causal LM over a paged KV cache."""
+    """Llama / Mistral / Qwen2 / SmolLM causal LM over a paged KV cache (and the base of
+    the other rotary families: they swap the layer and norm classes below)."""
+
+    layer_cls: type[nn.Module] = LlamaDecoderLayer
+    norm_cls: type[nn.Module] = RMSNorm
+    supports_decode_stack = True  # layers are exactly what the C++ LlamaStack computes
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config)
+        self.model = LlamaModel(config, self.layer_cls, self.norm_cls)
         # Tied embeddings: no lm_head parameter; compute_logits reads embed_tokens.
         self.lm_head: nn.Module | None = None
         if not config.tie_word_embeddings:
@@ -141,6 +133,10 @@ class LlamaForCausalLM(nn.Module):
         self._stack: object | None = None
         self._stack_state = "unbuilt"
         self._head_kernel: object | None = None
+
+    def embed(self, input_ids: Tensor) -> Tensor:
+        """input_ids [T] -> [T, hidden] (Gemma scales it)."""
+        return self.model.embed_tokens(input_ids)
 
     def forward(
         self,
@@ -154,7 +150,7 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError(
                 f"expected {len(self.model.layers)} KV caches, got {len(kv_caches)}"
             )
-        h = self.model.embed_tokens(input_ids)  # [T, hidden]
+        h = self.embed(input_ids)  # [T, hidden]
         stack = self._decode_stack(h)
         if stack is not None and meta.token_seq is not None:
             # Every layer in one C++ call (roseinfer.kernels), for decode and prefill rows
@@ -164,9 +160,13 @@ class LlamaForCausalLM(nn.Module):
                 meta.block_tables, meta.token_seq, meta.token_context_lens, meta.slot_mapping,
                 meta.block_size,
             )
+        cfg = self.config
         rope = rope_inputs(self.model.rotary_emb, positions, h)
-        for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
-            h = layer(h, rope, kv_cache, meta)
+        local = self.model.rotary_emb_local
+        local_rope = rope if local is None else rope_inputs(local, positions, h)
+        window = sliding_window_view(meta, cfg.sliding_window)  # once per step, all layers
+        for i, (layer, kv_cache) in enumerate(zip(self.model.layers, kv_caches, strict=True)):
+            h = layer(h, local_rope if cfg.uses_local_rope(i) else rope, kv_cache, meta, window)
         return self.model.norm(h)
 
     def _decode_stack(self, h: Tensor) -> object | None:
@@ -176,18 +176,23 @@ class LlamaForCausalLM(nn.Module):
             from roseinfer.model.fast_path import build_head_kernel, build_llama_decode_stack
 
             self._stack = build_llama_decode_stack(self, h)
-            self._head_kernel = None if self._stack is None else build_head_kernel(self)
+            self._head_kernel = build_head_kernel(self) if h.dtype == torch.float32 else None
             self._stack_state = "built"
         return self._stack
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
-        """hidden [N, hidden] -> float32 logits [N, vocab]."""
+        """hidden [N, hidden] -> float32 logits [N, vocab] (soft-capped if configured)."""
         head = self._head_kernel if self._stack_state == "built" else None
         if head is not None and hidden.dtype == torch.float32:
-            return head.forward(hidden)  # the C++ fp32 kernel, one arithmetic for every M
-        if self.lm_head is not None:
-            return self.lm_head(hidden).float()  # [N, vocab]
-        return F.linear(hidden, self.model.embed_tokens.weight).float()  # [N, vocab]
+            logits = head.forward(hidden)  # the C++ fp32 kernel, one arithmetic for every M
+        elif self.lm_head is not None:
+            logits = self.lm_head(hidden).float()  # [N, vocab]
+        else:
+            logits = F.linear(hidden, self.model.embed_tokens.weight).float()  # [N, vocab]
+        cap = self.config.final_logit_softcapping
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap  # Gemma 2
+        return logits
 
     def tied_embedding(self) -> Tensor:
         """The embedding matrix [vocab, hidden] a tied LM head reads."""
@@ -227,7 +232,7 @@ class LlamaForCausalLM(nn.Module):
 
 
 class MistralForCausalLM(LlamaForCausalLM):
-    """Mistral: Llama architecture (sliding window ignored, see module docstring)."""
+    """Mistral: Llama architecture with an optional sliding window (v0.1: 4096)."""
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):

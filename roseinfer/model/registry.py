@@ -12,21 +12,29 @@ from types import MappingProxyType
 import torch
 from torch import nn
 
-from roseinfer.model.config import ModelConfig
+from roseinfer.model.config import MODEL_TYPE_ARCHITECTURES, ModelConfig
+from roseinfer.model.gemma import (
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3ForConditionalGeneration,
+    GemmaForCausalLM,
+)
 from roseinfer.model.gpt2 import GPT2LMHeadModel
 from roseinfer.model.llama import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
+from roseinfer.model.phi3 import Phi3ForCausalLM
+from roseinfer.model.qwen3 import Qwen3ForCausalLM
 
 _ARCHITECTURES: MappingProxyType[str, type[nn.Module]] = MappingProxyType({
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": MistralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "Phi3ForCausalLM": Phi3ForCausalLM,
+    "GemmaForCausalLM": GemmaForCausalLM,
+    "Gemma2ForCausalLM": Gemma2ForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Gemma3ForConditionalGeneration": Gemma3ForConditionalGeneration,
     "GPT2LMHeadModel": GPT2LMHeadModel,
-})
-_MODEL_TYPES: MappingProxyType[str, str] = MappingProxyType({
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "gpt2": "GPT2LMHeadModel",
 })
 
 
@@ -39,11 +47,11 @@ def get_model_class(architecture: str) -> type[nn.Module]:
     """Model class for an HF architecture (``LlamaForCausalLM``) or model_type (``llama``)."""
     if architecture in _ARCHITECTURES:
         return _ARCHITECTURES[architecture]
-    if architecture.lower() in _MODEL_TYPES:
-        return _ARCHITECTURES[_MODEL_TYPES[architecture.lower()]]
+    if architecture.lower() in MODEL_TYPE_ARCHITECTURES:
+        return _ARCHITECTURES[MODEL_TYPE_ARCHITECTURES[architecture.lower()]]
     raise ValueError(
         f"unsupported model architecture {architecture!r}; supported: "
-        f"{supported_architectures()} (or model types {sorted(_MODEL_TYPES)})"
+        f"{supported_architectures()} (or model types {sorted(MODEL_TYPE_ARCHITECTURES)})"
     )
 
 
