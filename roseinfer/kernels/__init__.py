@@ -59,16 +59,23 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, fp16: bool,
                 bf16_min_rows: int = 0, int8: bool = False) -> object:
     """A ``torch.classes.roseinfer.Linear`` over ``weight`` [N, K] (kernels must be loaded).
 
-    ``int8``: int8 weights with one scale per 32 (``quantize_int8_blocks``) against
-    activations quantized per row and 32-block to int16, for every input size (needs K % 32 == 0; else the fp16 / fp32 weight is
+    ``int8``: int8 weights with one scale per 32 (``quantize_int8_blocks``), or a Q4_1
+    GGUF's 4-bit weights as they are (``q4_1.recover_q4_1``), against activations
+    quantized per row and 32-block to int16, for every input size (needs K % 32 == 0; else the fp16 / fp32 weight is
     kept).  Otherwise fp16 (fbgemm) or the fp32 weight, plus, with ``bf16_min_rows`` > 0,
     a bf16 copy for inputs of at least that many rows (not batch-invariant)."""
     w = weight.detach().float().contiguous()
     b = None if bias is None else bias.detach().float()
     if int8 and w.shape[1] % 32 == 0:
+        from roseinfer.kernels.q4_1 import recover_q4_1
+
         linear = torch.classes.roseinfer.Linear(w, b, False)
-        q, scales = quantize_int8_blocks(w)
-        linear.set_int8_weight(q, scales)  # drops the fp32 weight
+        q4 = recover_q4_1(w)  # a Q4_1 GGUF's weights: kept exactly, 4 bits each
+        if q4 is not None:
+            linear.set_q4_weight(*q4)  # drops the fp32 weight
+        else:
+            q, scales = quantize_int8_blocks(w)
+            linear.set_int8_weight(q, scales)
         return linear
     linear = torch.classes.roseinfer.Linear(w, b, fp16)
     if bf16_min_rows > 0:

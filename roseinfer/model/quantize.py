@@ -24,12 +24,14 @@ the size of the fp16 one).  Switching kernels by row count makes it the one form
 that is not batch-invariant: opt-in only.
 
 ``"int8"`` (the CPU default) stores every weight as int8 with one fp32 scale per 32
-weights of a row (like llama.cpp's Q8_0) and quantizes each activation row per 32
+weights of a row (like llama.cpp's Q8_0) — or, where a weight is exactly Q4_1 (a Q4_1
+GGUF's, as the default model's decoder layers are), as those 4-bit values with their
+scale and minimum, without requantizing (``kernels/q4_1.py``) — and quantizes each activation row per 32
 values to int16 (one scale per block, computed from that row alone): the 32-block dot
 products are exact int32 sums (AVX2 ``vpmaddwd``), scaled and summed in fp32 in block
 order (``kernels/csrc/q8_gemm.h``).  One kernel for every input size: a row's result
 never depends on how many rows share the call (batch invariance, docs/CONTRACTS.md).
-1.1 bytes per weight per decode step; the fp16 / fp32 copies are dropped.  Where the
+1.1 bytes per weight per decode step (Q4_1: 0.625); the fp16 / fp32 copies are dropped.  Where the
 kernels are unavailable it falls back to "fp16".
 
 Embeddings and norms stay in the model dtype.  ``"none"`` leaves the model as is.

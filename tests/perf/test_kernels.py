@@ -89,6 +89,41 @@ def test_linear_kernel_int8_every_input_size(rows: int) -> None:
         assert torch.equal(lin.forward(x[m:m + 1].clone()), got[m:m + 1])
 
 
+def _q4_1_weight(n: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    """A weight as the gguf package dequantizes a Q4_1 tensor: fp32(fp32(d * q) + m)."""
+    q = torch.randint(0, 16, (n, k // 32, 32), generator=gen).float()
+    q[..., 0], q[..., 1] = 0, 15  # the quantizer maps each block's min to 0, max to 15
+    d = (torch.rand(n, k // 32, 1, generator=gen) * 0.02).half().float()
+    m = (-torch.rand(n, k // 32, 1, generator=gen) * 0.1).half().float()
+    d[0, 0] = 0.0  # a constant block
+    return (d * q + m).reshape(n, k)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 4, 5, 7, 64])
+def test_linear_kernel_q4_1_exact_weights(rows: int) -> None:
+    """A Q4_1 GGUF's weights are recovered exactly and computed as they are: nibbles for
+    steps of up to 4 rows, an int8 copy of the same integers above; every row bitwise
+    equal alone and in a batch, and to the portable kernel; close to x @ w.T."""
+    from roseinfer.kernels.q4_1 import recover_q4_1
+
+    gen = torch.Generator().manual_seed(3)
+    w = _q4_1_weight(40, 96, gen)
+    rec = recover_q4_1(w)
+    assert rec is not None
+    q, d, m = rec
+    assert int(q.min()) >= 0 and int(q.max()) <= 15
+    assert torch.equal((d[..., None] * q.float().view(40, 3, 32) + m[..., None]).view(40, 96), w)
+    assert recover_q4_1(torch.randn(40, 96, generator=gen)) is None  # not Q4_1: int8 instead
+    b = torch.randn(40, generator=gen)
+    lin = make_linear(w, b, fp16=False, int8=True)  # picks the Q4_1 path by itself
+    x = torch.randn(rows, 96, generator=gen) * 3
+    got = lin.forward(x)
+    torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-4, atol=2e-3)
+    assert torch.equal(lin.forward_portable(x), got)
+    for r in range(rows):
+        assert torch.equal(lin.forward(x[r:r + 1].clone()), got[r:r + 1])
+
+
 def _tiny_llama(bias: bool) -> torch.nn.Module:
     cfg = transformers.LlamaConfig(
         vocab_size=97, hidden_size=64, intermediate_size=80, num_hidden_layers=3,

@@ -11,6 +11,8 @@
 //         (Q8_0), activations quantized per row and 32-block to int16, exact int32 block
 //         dots, for EVERY input size through Q8Gemm (q8_gemm.h: one arithmetic per output
 //         element whatever M, batch invariance); the fp32 / fp16 / bf16 copies are dropped.
+//   Q4_1 (set_q4_weight): a GGUF's Q4_1 weights as they are (w = d * q + m per 32), the
+//         same kernel on nibbles (q8_gemm.h).
 #pragma once
 
 #include <torch/custom_class.h>
@@ -38,6 +40,7 @@ struct Linear : torch::CustomClassHolder {
   Linear(at::Tensor w, std::optional<at::Tensor> b, bool fp16);
   void set_bf16_weight(at::Tensor w, int64_t min_rows);
   void set_int8_weight(at::Tensor q, at::Tensor scales);
+  void set_q4_weight(at::Tensor q, at::Tensor scales, at::Tensor mins);  // Q4_1, exact
   void run(const at::Tensor& x, at::Tensor& y) const;  // x [M,K] contiguous, y [M,N]
   at::Tensor forward(at::Tensor x);
   at::Tensor forward_portable(at::Tensor x);  // int8: the portable kernel (tests)

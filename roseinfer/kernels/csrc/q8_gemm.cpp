@@ -15,27 +15,53 @@ constexpr int64_t kStepBytes = 32;                        // 16 columns x 2 k
 constexpr int64_t kScaleOffset = 16 * kStepBytes;         // scales follow 512 weight bytes
 constexpr int64_t kBlockBytes = kScaleOffset + 4 * kQ8Panel;  // 576
 constexpr float kActMax = 32767.f;
+constexpr int64_t kQ4StepBytes = 16;                          // 32 nibbles
+constexpr int64_t kQ4ScaleOffset = 16 * kQ4StepBytes;         // fp16 d, then fp16 m
+constexpr int64_t kQ4BlockBytes = kQ4ScaleOffset + 4 * kQ8Panel;  // 320
+constexpr int64_t kI8MBlockBytes = kBlockBytes + 4 * kQ8Panel;     // int8 layout + fp32 m: 640
+constexpr int64_t kQ4MaxRows = 4;  // Q4_1: up to this many rows read the nibbles
+
+// Packed layouts: int8 (Q8_0), int8 with minimums (Q4_1's q as int8, for larger M), and
+// nibbles (Q4_1, for decode steps).
+enum class Kind { I8, I8M, Q4 };
+constexpr int64_t block_bytes_of(Kind k) {
+  return k == Kind::I8 ? kBlockBytes : k == Kind::I8M ? kI8MBlockBytes : kQ4BlockBytes;
+}
 
 inline int8_t packed_q(const uint8_t* blk, int c, int k) {
   return static_cast<int8_t>(blk[(k / 2) * kStepBytes + 2 * c + k % 2]);
 }
+inline int packed_q4(const uint8_t* blk, int c, int k) {
+  const int b = 2 * c + k % 2;  // byte of the int8 layout's step
+  const uint8_t v = blk[(k / 2) * kQ4StepBytes + b % 16];
+  return b < 16 ? (v & 15) : (v >> 4);
+}
+inline float half_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return static_cast<float>(c10::Half(h, c10::Half::from_bits()));
+}
 
 // One 32-block of a row: dx = max|x| / 32767, xq = rint(x / dx) clamped.
-inline void quantize_block_scalar(const float* x, int16_t* q, float* d) {
+// sum: the exact sum of the block's xq (as a float: |sum| <= 32 * 32767 < 2^24).
+inline void quantize_block_scalar(const float* x, int16_t* q, float* d, float* sum) {
   float amax = 0.f;
   for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
   const float dx = amax / kActMax;
   *d = dx;
+  int32_t total = 0;
   for (int i = 0; i < 32; ++i) {
     const float v = dx == 0.f ? 0.f : std::nearbyint(x[i] / dx);
     q[i] = static_cast<int16_t>(std::min(kActMax, std::max(-kActMax, v)));
+    total += q[i];
   }
+  *sum = static_cast<float>(total);
 }
 
 #ifdef ROSEINFER_AVX2
 // The same values as quantize_block_scalar (max is exact, x / dx correctly rounded,
 // round to nearest even in both).
-inline void quantize_block_avx2(const float* x, int16_t* q, float* d) {
+inline void quantize_block_avx2(const float* x, int16_t* q, float* d, float* sum) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   __m256 v[4];
   for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(x + 8 * i);
@@ -55,6 +81,11 @@ inline void quantize_block_avx2(const float* x, int16_t* q, float* d) {
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     r[i] = _mm256_cvtps_epi32(_mm256_min_ps(hi, _mm256_max_ps(lo, t)));
   }
+  const __m256i t = _mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3]));
+  __m128i h4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+  h4 = _mm_add_epi32(h4, _mm_shuffle_epi32(h4, 0x4E));
+  h4 = _mm_add_epi32(h4, _mm_shuffle_epi32(h4, 0xB1));
+  *sum = static_cast<float>(_mm_cvtsi128_si32(h4));
   // The packs work per 128-bit lane: restore the element order with a permutation.
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
                       _mm256_permute4x64_epi64(_mm256_packs_epi32(r[0], r[1]), 0xD8));
@@ -63,19 +94,20 @@ inline void quantize_block_avx2(const float* x, int16_t* q, float* d) {
 }
 #endif
 
-// Rows [0, M) of x -> xq (rows of stride K) and dx [M, K/32].
-void quantize_rows(const float* x, int64_t M, int64_t K, int16_t* q, float* dx, bool portable) {
+// Rows [0, M) of x -> xq (rows of stride K), dx and sx (block sums of xq) [M, K/32].
+void quantize_rows(const float* x, int64_t M, int64_t K, int16_t* q, float* dx, float* sx,
+                   bool portable) {
   const int64_t KB = K / kQ8Block;
   // Serial below ~128K values: not worth a fork/join.
   at::parallel_for(0, M * KB, 4096, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
 #ifdef ROSEINFER_AVX2
       if (!portable) {
-        quantize_block_avx2(x + b * kQ8Block, q + b * kQ8Block, dx + b);
+        quantize_block_avx2(x + b * kQ8Block, q + b * kQ8Block, dx + b, sx + b);
         continue;
       }
 #endif
-      quantize_block_scalar(x + b * kQ8Block, q + b * kQ8Block, dx + b);
+      quantize_block_scalar(x + b * kQ8Block, q + b * kQ8Block, dx + b, sx + b);
     }
   });
 }
@@ -91,23 +123,38 @@ inline void store_tile(const float* acc, int64_t mr, int64_t n0, int64_t nc, con
 }
 
 // Portable kernel: one output element at a time, the same fp operations.
-void panels_scalar(const int16_t* xq, const float* dx, int64_t M, int64_t K, const uint8_t* wp,
-                   int64_t p0, int64_t p1, const float* bias, float* y, int64_t N) {
+void panels_scalar(const int16_t* xq, const float* dx, const float* sx, int64_t M, int64_t K,
+                   const uint8_t* wp, Kind kind, int64_t p0, int64_t p1, const float* bias,
+                   float* y, int64_t N) {
   const int64_t KB = K / kQ8Block;
+  const int64_t block_bytes = block_bytes_of(kind);
   float acc[kQ8Panel];
   for (int64_t p = p0; p < p1; ++p) {
     for (int64_t m = 0; m < M; ++m) {
       for (int c = 0; c < kQ8Panel; ++c) acc[c] = 0.f;
       for (int64_t j = 0; j < KB; ++j) {
-        const uint8_t* blk = wp + (p * KB + j) * kBlockBytes;
+        const uint8_t* blk = wp + (p * KB + j) * block_bytes;
         const int16_t* xr = xq + m * K + j * kQ8Block;
         const float d = dx[m * KB + j];
         for (int c = 0; c < kQ8Panel; ++c) {
           int32_t dot = 0;
+          if (kind == Kind::Q4) {
+            for (int k = 0; k < kQ8Block; ++k) dot += int32_t(xr[k]) * packed_q4(blk, c, k);
+            acc[c] = std::fma(static_cast<float>(dot), d * half_at(blk + kQ4ScaleOffset + 2 * c),
+                              acc[c]);
+            acc[c] = std::fma(sx[m * KB + j], d * half_at(blk + kQ4ScaleOffset + 32 + 2 * c),
+                              acc[c]);
+            continue;
+          }
           for (int k = 0; k < kQ8Block; ++k) dot += int32_t(xr[k]) * int32_t(packed_q(blk, c, k));
           float dw;
           std::memcpy(&dw, blk + kScaleOffset + 4 * c, 4);
           acc[c] = std::fma(static_cast<float>(dot), d * dw, acc[c]);
+          if (kind == Kind::I8M) {
+            float mw;
+            std::memcpy(&mw, blk + kBlockBytes + 4 * c, 4);
+            acc[c] = std::fma(sx[m * KB + j], d * mw, acc[c]);
+          }
         }
       }
       const int64_t n0 = p * kQ8Panel;
@@ -127,6 +174,12 @@ void panels_scalar(const int16_t* xq, const float* dx, int64_t M, int64_t K, con
 // two steps); a 5-row tile re-reads a panel already in L1.
 #define Q8_HEAD_PF \
   "1:\n\tprefetcht0 2048(%[w])\n\tvpmovsxbw (%[w]), %%ymm12\n\tvpmovsxbw 16(%[w]), %%ymm13\n\t"
+// Q4_1: 16 bytes of nibbles per step, widened (vpmovzxbw) and split into the low
+// nibbles (columns 0-7) and high nibbles (columns 8-15).
+#define Q4_HEAD                                                                        \
+  "1:\n\tprefetcht0 1024(%[w])\n\tvpmovzxbw (%[w]), %%ymm12\n\tvpsrlw $4, %%ymm12, %%ymm13\n\t" \
+  "vpand %[mask], %%ymm12, %%ymm12\n\t"
+#define Q4_TAIL "add $16, %[w]\n\tadd $4, %[s]\n\tcmp $64, %[s]\n\tjne 1b\n\t"
 #define Q8_ROW(m)                                 \
   "vpbroadcastd (%[x" #m "],%[s]), %%ymm14\n\t"   \
   "vpmaddwd %%ymm12, %%ymm14, %%ymm15\n\t"        \
@@ -170,7 +223,44 @@ inline void block_int_avx2(const int16_t* const* xr, const uint8_t* wp, __m256i 
                  : Q8_CLOBBER);
   }
 }
+
+template <int MR>
+inline void block_int_q4_avx2(const int16_t* const* xr, const uint8_t* wp, __m256i (&a)[MR][2]) {
+  int64_t s = 0;
+  const __m256i mask = _mm256_set1_epi16(15);
+  if constexpr (MR == 1) {
+    asm volatile(Q4_HEAD Q8_ROW(0) Q4_TAIL
+                 : Q8_ACC(0), Q8_TMP
+                 : [x0] "r"(xr[0]), [mask] "x"(mask)
+                 : Q8_CLOBBER);
+  } else if constexpr (MR == 2) {
+    asm volatile(Q4_HEAD Q8_ROW(0) Q8_ROW(1) Q4_TAIL
+                 : Q8_ACC(0), Q8_ACC(1), Q8_TMP
+                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), [mask] "x"(mask)
+                 : Q8_CLOBBER);
+  } else if constexpr (MR == 3) {
+    asm volatile(Q4_HEAD Q8_ROW(0) Q8_ROW(1) Q8_ROW(2) Q4_TAIL
+                 : Q8_ACC(0), Q8_ACC(1), Q8_ACC(2), Q8_TMP
+                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), [x2] "r"(xr[2]), [mask] "x"(mask)
+                 : Q8_CLOBBER);
+  } else if constexpr (MR == 4) {
+    asm volatile(Q4_HEAD Q8_ROW(0) Q8_ROW(1) Q8_ROW(2) Q8_ROW(3) Q4_TAIL
+                 : Q8_ACC(0), Q8_ACC(1), Q8_ACC(2), Q8_ACC(3), Q8_TMP
+                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), [x2] "r"(xr[2]), [x3] "r"(xr[3]),
+                   [mask] "x"(mask)
+                 : Q8_CLOBBER);
+  } else {
+    static_assert(MR == 5, "tile rows: 1..5");
+    asm volatile(Q4_HEAD Q8_ROW(0) Q8_ROW(1) Q8_ROW(2) Q8_ROW(3) Q8_ROW(4) Q4_TAIL
+                 : Q8_ACC(0), Q8_ACC(1), Q8_ACC(2), Q8_ACC(3), Q8_ACC(4), Q8_TMP
+                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), [x2] "r"(xr[2]), [x3] "r"(xr[3]),
+                   [x4] "r"(xr[4]), [mask] "x"(mask)
+                 : Q8_CLOBBER);
+  }
+}
 #undef Q8_HEAD
+#undef Q4_HEAD
+#undef Q4_TAIL
 #undef Q8_HEAD_PF
 #undef Q8_ROW
 #undef Q8_TAIL
@@ -179,10 +269,10 @@ inline void block_int_avx2(const int16_t* const* xr, const uint8_t* wp, __m256i 
 #undef Q8_CLOBBER
 
 // Rows [0, MR) x one panel (w: its first block) into y (+ bias); xq: int16 rows of
-// stride K, dx: scales of stride K/32.
-template <int MR>
-void tile_avx2(const int16_t* xq, const float* dx, int64_t K, const uint8_t* w, int64_t n0,
-               const float* bias, float* y, int64_t N) {
+// stride K, dx / sx: per-block scales / sums of stride K/32.
+template <int MR, Kind KIND>
+void tile_avx2(const int16_t* xq, const float* dx, const float* sx, int64_t K, const uint8_t* w,
+               int64_t n0, const float* bias, float* y, int64_t N) {
   const int64_t KB = K / kQ8Block;
   alignas(64) float acc[MR * kQ8Panel] = {};
   for (int64_t j = 0; j < KB; ++j) {
@@ -192,20 +282,54 @@ void tile_avx2(const int16_t* xq, const float* dx, int64_t K, const uint8_t* w, 
       a[m][0] = a[m][1] = _mm256_setzero_si256();
       xr[m] = xq + m * K + j * kQ8Block;
     }
-    const uint8_t* blk = w + j * kBlockBytes;
-    block_int_avx2<MR>(xr, blk, a);
-    const float* dwp = reinterpret_cast<const float*>(blk + kScaleOffset);
-    const __m256 dw0 = _mm256_loadu_ps(dwp), dw1 = _mm256_loadu_ps(dwp + 8);
-    for (int m = 0; m < MR; ++m) {
-      const __m256 d = _mm256_set1_ps(dx[m * KB + j]);
-      float* ar = acc + m * kQ8Panel;
-      _mm256_store_ps(ar, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[m][0]), _mm256_mul_ps(d, dw0),
-                                          _mm256_load_ps(ar)));
-      _mm256_store_ps(ar + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[m][1]),
-                                              _mm256_mul_ps(d, dw1), _mm256_load_ps(ar + 8)));
+    if constexpr (KIND == Kind::Q4) {
+      const uint8_t* blk = w + j * kQ4BlockBytes;
+      block_int_q4_avx2<MR>(xr, blk, a);
+      const __m128i* hp = reinterpret_cast<const __m128i*>(blk + kQ4ScaleOffset);
+      const __m256 dw0 = _mm256_cvtph_ps(_mm_loadu_si128(hp)), dw1 = _mm256_cvtph_ps(_mm_loadu_si128(hp + 1));
+      const __m256 mw0 = _mm256_cvtph_ps(_mm_loadu_si128(hp + 2)), mw1 = _mm256_cvtph_ps(_mm_loadu_si128(hp + 3));
+      for (int m = 0; m < MR; ++m) {
+        const __m256 d = _mm256_set1_ps(dx[m * KB + j]), sv = _mm256_set1_ps(sx[m * KB + j]);
+        float* ar = acc + m * kQ8Panel;
+        __m256 r0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[m][0]), _mm256_mul_ps(d, dw0), _mm256_load_ps(ar));
+        __m256 r1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[m][1]), _mm256_mul_ps(d, dw1), _mm256_load_ps(ar + 8));
+        _mm256_store_ps(ar, _mm256_fmadd_ps(sv, _mm256_mul_ps(d, mw0), r0));
+        _mm256_store_ps(ar + 8, _mm256_fmadd_ps(sv, _mm256_mul_ps(d, mw1), r1));
+      }
+    } else {
+      const uint8_t* blk = w + j * block_bytes_of(KIND);
+      block_int_avx2<MR>(xr, blk, a);
+      const float* dwp = reinterpret_cast<const float*>(blk + kScaleOffset);
+      const __m256 dw0 = _mm256_loadu_ps(dwp), dw1 = _mm256_loadu_ps(dwp + 8);
+      for (int m = 0; m < MR; ++m) {
+        const __m256 d = _mm256_set1_ps(dx[m * KB + j]);
+        float* ar = acc + m * kQ8Panel;
+        __m256 r0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[m][0]), _mm256_mul_ps(d, dw0), _mm256_load_ps(ar));
+        __m256 r1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[m][1]), _mm256_mul_ps(d, dw1), _mm256_load_ps(ar + 8));
+        if constexpr (KIND == Kind::I8M) {
+          const float* mwp = reinterpret_cast<const float*>(blk + kBlockBytes);
+          const __m256 sv = _mm256_set1_ps(sx[m * KB + j]);
+          r0 = _mm256_fmadd_ps(sv, _mm256_mul_ps(d, _mm256_loadu_ps(mwp)), r0);
+          r1 = _mm256_fmadd_ps(sv, _mm256_mul_ps(d, _mm256_loadu_ps(mwp + 8)), r1);
+        }
+        _mm256_store_ps(ar, r0);
+        _mm256_store_ps(ar + 8, r1);
+      }
     }
   }
   store_tile(acc, MR, n0, std::min<int64_t>(kQ8Panel, N - n0), bias, y, N);
+}
+
+template <Kind KIND>
+void tile_avx2_rows(int64_t mr, const int16_t* xm, const float* dm, const float* sm, int64_t K,
+                    const uint8_t* panel, int64_t n0, const float* bias, float* ym, int64_t N) {
+  switch (mr) {
+    case 1: tile_avx2<1, KIND>(xm, dm, sm, K, panel, n0, bias, ym, N); break;
+    case 2: tile_avx2<2, KIND>(xm, dm, sm, K, panel, n0, bias, ym, N); break;
+    case 3: tile_avx2<3, KIND>(xm, dm, sm, K, panel, n0, bias, ym, N); break;
+    case 4: tile_avx2<4, KIND>(xm, dm, sm, K, panel, n0, bias, ym, N); break;
+    default: tile_avx2<5, KIND>(xm, dm, sm, K, panel, n0, bias, ym, N); break;
+  }
 }
 #endif  // ROSEINFER_AVX2
 
@@ -229,10 +353,12 @@ void gemm(const Q8Gemm& g, const float* x, int64_t M, const float* bias, float* 
   if (M <= 0 || g.N == 0) return;
   const int64_t K = g.K, N = g.N, KB = K / kQ8Block, NP = (N + kQ8Panel - 1) / kQ8Panel;
   std::unique_ptr<int16_t[]> xq(new int16_t[M * K]);
-  std::unique_ptr<float[]> dx(new float[M * KB]);
-  quantize_rows(x, M, K, xq.get(), dx.get(), portable);
-  const uint8_t* wp = g.packed.data_ptr<uint8_t>();
-  const int64_t panel_bytes = KB * kBlockBytes;
+  std::unique_ptr<float[]> dx(new float[M * KB]), sx(new float[M * KB]);
+  quantize_rows(x, M, K, xq.get(), dx.get(), sx.get(), portable);
+  // Q4_1: decode-size steps read the nibbles, larger ones the int8 copy (same integers).
+  const Kind kind = !g.q4 ? Kind::I8 : M <= kQ4MaxRows ? Kind::Q4 : Kind::I8M;
+  const uint8_t* wp = (kind == Kind::Q4 ? g.packed4 : g.packed).data_ptr<uint8_t>();
+  const int64_t panel_bytes = KB * block_bytes_of(kind);
   const int64_t mc = std::max<int64_t>(8, (int64_t(1) << 17) / K);  // ~256 KB of rows
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 17) / (M * K * kQ8Panel));
   at::parallel_for(0, NP, grain, [&](int64_t p0, int64_t p1) {
@@ -245,31 +371,32 @@ void gemm(const Q8Gemm& g, const float* x, int64_t M, const float* bias, float* 
           for_row_tiles(c0, std::min(M, c0 + mc), 5, [&](int64_t m, int64_t mr) {
             const int16_t* xm = xq.get() + m * K;
             const float* dm = dx.get() + m * KB;
-            float* ym = y + m * N;
-            switch (mr) {
-              case 1: tile_avx2<1>(xm, dm, K, panel, n0, bias, ym, N); break;
-              case 2: tile_avx2<2>(xm, dm, K, panel, n0, bias, ym, N); break;
-              case 3: tile_avx2<3>(xm, dm, K, panel, n0, bias, ym, N); break;
-              case 4: tile_avx2<4>(xm, dm, K, panel, n0, bias, ym, N); break;
-              default: tile_avx2<5>(xm, dm, K, panel, n0, bias, ym, N); break;
-            }
+            const float* sm = sx.get() + m * KB;
+            if (kind == Kind::Q4)
+              tile_avx2_rows<Kind::Q4>(mr, xm, dm, sm, K, panel, n0, bias, y + m * N, N);
+            else if (kind == Kind::I8M)
+              tile_avx2_rows<Kind::I8M>(mr, xm, dm, sm, K, panel, n0, bias, y + m * N, N);
+            else
+              tile_avx2_rows<Kind::I8>(mr, xm, dm, sm, K, panel, n0, bias, y + m * N, N);
           });
         }
       }
       return;
     }
 #endif
-    panels_scalar(xq.get(), dx.get(), M, K, wp, p0, p1, bias, y, N);
+    panels_scalar(xq.get(), dx.get(), sx.get(), M, K, wp, kind, p0, p1, bias, y, N);
   });
 }
 
 }  // namespace
 
 void q8_quantize_act(const float* x, int64_t M, int64_t K, int16_t* xq, float* dx) {
-  quantize_rows(x, M, K, xq, dx, false);
+  std::unique_ptr<float[]> sx(new float[M * (K / kQ8Block)]);
+  quantize_rows(x, M, K, xq, dx, sx.get(), false);
 }
 
-Q8Gemm::Q8Gemm(const at::Tensor& q_, const at::Tensor& scales_) {
+Q8Gemm::Q8Gemm(const at::Tensor& q_, const at::Tensor& scales_,
+               const c10::optional<at::Tensor>& mins_) {
   TORCH_CHECK(q_.dim() == 2 && q_.scalar_type() == at::kChar && q_.size(1) % kQ8Block == 0,
               "Q8Gemm: expected int8 weights [N, K] with K % 32 == 0");
   N = q_.size(0);
@@ -277,27 +404,57 @@ Q8Gemm::Q8Gemm(const at::Tensor& q_, const at::Tensor& scales_) {
   const int64_t KB = K / kQ8Block;
   TORCH_CHECK(scales_.scalar_type() == at::kFloat && scales_.numel() == N * KB,
               "Q8Gemm: expected float32 scales [N, K / 32]");
+  q4 = mins_.has_value() && mins_->defined();
   const auto q = q_.contiguous();
   const auto sc = scales_.contiguous();
-  TORCH_CHECK(!(q == -128).any().item<bool>(), "Q8Gemm: weights must lie in [-127, 127]");
+  at::Tensor mn;
+  if (q4) {
+    mn = mins_->contiguous();
+    TORCH_CHECK(mn.scalar_type() == at::kFloat && mn.numel() == N * KB,
+                "Q8Gemm: expected float32 mins [N, K / 32]");
+    TORCH_CHECK(!((q < 0) | (q > 15)).any().item<bool>(), "Q8Gemm: Q4_1 weights must lie in [0, 15]");
+    TORCH_CHECK(at::equal(sc, sc.to(at::kHalf).to(at::kFloat)) && at::equal(mn, mn.to(at::kHalf).to(at::kFloat)),
+                "Q8Gemm: Q4_1 scales and mins must be exact fp16 values");
+  } else {
+    TORCH_CHECK(!(q == -128).any().item<bool>(), "Q8Gemm: weights must lie in [-127, 127]");
+  }
   const int8_t* qp = q.data_ptr<int8_t>();
   const float* sp = sc.data_ptr<float>();
+  const float* mp = q4 ? mn.data_ptr<float>() : nullptr;
   const int64_t NP = (N + kQ8Panel - 1) / kQ8Panel;
-  packed = at::zeros({NP * KB * kBlockBytes}, at::TensorOptions().dtype(at::kByte));
-  uint8_t* out = packed.data_ptr<uint8_t>();
-  at::parallel_for(0, NP, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p)
-      for (int64_t j = 0; j < KB; ++j) {
-        uint8_t* blk = out + (p * KB + j) * kBlockBytes;
-        for (int c = 0; c < kQ8Panel && p * kQ8Panel + c < N; ++c) {
-          const int64_t n = p * kQ8Panel + c;
-          const int8_t* src = qp + n * K + j * kQ8Block;
-          for (int k = 0; k < kQ8Block; ++k)
-            blk[(k / 2) * kStepBytes + 2 * c + k % 2] = static_cast<uint8_t>(src[k]);
-          std::memcpy(blk + kScaleOffset + 4 * c, sp + n * KB + j, 4);
+  const auto pack = [&](Kind kind) {
+    const int64_t bb = block_bytes_of(kind);
+    at::Tensor t = at::zeros({NP * KB * bb}, at::TensorOptions().dtype(at::kByte));
+    uint8_t* out = t.data_ptr<uint8_t>();
+    at::parallel_for(0, NP, 1, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p)
+        for (int64_t j = 0; j < KB; ++j) {
+          uint8_t* blk = out + (p * KB + j) * bb;
+          for (int c = 0; c < kQ8Panel && p * kQ8Panel + c < N; ++c) {
+            const int64_t n = p * kQ8Panel + c;
+            const int8_t* src = qp + n * K + j * kQ8Block;
+            if (kind == Kind::Q4) {
+              for (int k = 0; k < kQ8Block; ++k) {
+                const int b = 2 * c + k % 2;
+                blk[(k / 2) * kQ4StepBytes + b % 16] |=
+                    static_cast<uint8_t>(src[k] << (b < 16 ? 0 : 4));
+              }
+              const uint16_t d = c10::Half(sp[n * KB + j]).x, m = c10::Half(mp[n * KB + j]).x;
+              std::memcpy(blk + kQ4ScaleOffset + 2 * c, &d, 2);
+              std::memcpy(blk + kQ4ScaleOffset + 32 + 2 * c, &m, 2);
+              continue;
+            }
+            for (int k = 0; k < kQ8Block; ++k)
+              blk[(k / 2) * kStepBytes + 2 * c + k % 2] = static_cast<uint8_t>(src[k]);
+            std::memcpy(blk + kScaleOffset + 4 * c, sp + n * KB + j, 4);
+            if (kind == Kind::I8M) std::memcpy(blk + kBlockBytes + 4 * c, mp + n * KB + j, 4);
+          }
         }
-      }
-  });
+    });
+    return t;
+  };
+  packed = pack(q4 ? Kind::I8M : Kind::I8);
+  if (q4) packed4 = pack(Kind::Q4);
 }
 
 void Q8Gemm::run(const float* x, int64_t M, const float* bias, float* y) const {

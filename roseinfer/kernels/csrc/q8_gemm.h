@@ -12,6 +12,13 @@
 // int8 activations cost ~2 points of top-1, see model/quantize.py).
 // Weights are packed once into 16-column panels, split over the intra-op threads; row
 // tiles of up to 5 rows share each widened weight load.
+// Q4_1 weights (the GGUF's own, exact): q in [0, 15] with a scale d and a minimum m per
+// 32 weights (fp16 values), w = d * q + m.  Then per output element and block:
+//   acc = fma(float(dot_j), dx[m, j] * d[n, j], acc);
+//   acc = fma(float(sx[m, j]), dx[m, j] * m[n, j], acc)
+// with sx the exact sum of the block's quantized activations.  The weights are stored as
+// nibbles (0.625 bytes per weight) and widened in registers for steps of up to 4 rows
+// (memory-bound), and as int8 for larger ones (no unpacking); the integers are the same.
 #pragma once
 
 #include "common.h"
@@ -24,12 +31,21 @@ constexpr int64_t kQ8Panel = 16;  // output columns per packed panel
 // Packed weights: per panel p (16 columns) and 32-block j, at byte (p * K/32 + j) * 576:
 // 16 steps of 32 bytes (step s: for columns c = 0..15 the two weights q[16p+c, 32j+2s]
 // and q[16p+c, 32j+2s+1]), then the 16 fp32 scales dw[16p+c, j].  Padding columns zero.
+// Q4_1 layout, at byte (p * K/32 + j) * 320: 16 steps of 16 bytes (byte b: low nibble =
+// byte b of the int8 layout's step, high nibble = its byte 16 + b), then the 16 scales d
+// and the 16 minimums m as fp16.
+// With Q4_1 weights, `packed` holds the int8 layout plus the 16 minimums (fp32) after
+// the scales of each block, for steps of more than 4 rows; `packed4` the nibbles.
 struct Q8Gemm {
-  at::Tensor packed;  // uint8
+  at::Tensor packed;   // uint8
+  at::Tensor packed4;  // uint8, Q4_1 nibbles (q4 only)
   int64_t N = 0, K = 0;
+  bool q4 = false;  // Q4_1 weights
 
-  // q int8 [N, K] (K % 32 == 0, no -128), scales fp32 [N, K/32].
-  Q8Gemm(const at::Tensor& q, const at::Tensor& scales);
+  // q int8 [N, K] (K % 32 == 0, no -128), scales fp32 [N, K/32]; with mins (fp32
+  // [N, K/32]): Q4_1, q in [0, 15], scales and mins exact in fp16.
+  Q8Gemm(const at::Tensor& q, const at::Tensor& scales,
+         const c10::optional<at::Tensor>& mins = c10::nullopt);
   // x [M, K] row-major fp32, y [M, N] row-major fp32, bias [N] or null.
   void run(const float* x, int64_t M, const float* bias, float* y) const;
   // The portable kernel (same results; for tests on any machine).
