@@ -36,6 +36,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=None,
                    help="engine RNG seed for unseeded sampling (default 0); for generate "
                         "and chat it also seeds each request")
+    g.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help="n-gram speculative decoding (off by default), vLLM's JSON: "
+                        "'{\"method\": \"ngram\", \"num_speculative_tokens\": 8, "
+                        "\"prompt_lookup_max\": 6, \"prompt_lookup_min\": 3}'")
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -47,6 +51,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         enable_prefix_caching=args.enable_prefix_caching, num_threads=args.num_threads,
         seed=args.seed if args.seed is not None else 0,
+        speculative_config=getattr(args, "speculative_config", None),
     )
 
 

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+
+from roseinfer.speculative_config import SpeculativeConfig
 
 _DTYPES = ("float32", "bfloat16", "float16")
 _QUANTIZATIONS = ("auto", "none", "fp16", "fp16+bf16", "int8")
@@ -40,6 +44,11 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     num_threads: int | None = None  # torch threads; default = usable cores
     seed: int = 0  # seed of the RNG used by unseeded sampled requests
+    # Speculative decoding (n-gram prompt lookup), off when None. vLLM's dict (or JSON
+    # text, or a SpeculativeConfig): {"method": "ngram", "num_speculative_tokens": k,
+    # "prompt_lookup_max": N, "prompt_lookup_min": n}; always a SpeculativeConfig after
+    # construction (roseinfer/speculative_config.py).
+    speculative_config: SpeculativeConfig | Mapping[str, Any] | str | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
@@ -70,6 +79,9 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.max_model_len must be >= 2, got {self.max_model_len!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"EngineConfig.num_threads must be >= 1, got {self.num_threads!r}")
+        # Normalised once, at construction: validated, and a dict never kept.
+        object.__setattr__(self, "speculative_config",
+                           SpeculativeConfig.coerce(self.speculative_config))
 
     def resolved_quantization(self, device_type: str) -> str:
         """The weight format actually used on a device of this type ("cpu", "cuda")."""

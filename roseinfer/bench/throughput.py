@@ -73,7 +73,7 @@ def run_engine_once(engine: LLMEngine, prompts: list[list[int]], gen_len: int) -
             prefill_t += dt
         else:
             decode_t += dt
-            decode_tokens += len(outs)
+            decode_tokens += sum(len(c.delta_token_ids) for o in outs for c in o.outputs)
     wall = time.perf_counter() - start
     b, p = len(prompts), len(prompts[0])
     return ThroughputResult(

@@ -24,7 +24,8 @@ Threading model
   (``RequestTooLargeError``).
 
 * While busy, a stats line (running/waiting, KV usage, prompt and generation
-  throughput, prefix-cache hit rate) is logged every ``log_stats_interval`` s.
+  throughput, prefix-cache hit rate; with speculative decoding a second line with its
+  acceptance) is logged every ``log_stats_interval`` s.
 * ``snapshot()`` (the web dashboard's view, ``engine/snapshot.py``) asks the engine
   thread for an ``EngineSnapshot``: it is taken there between two steps (waking an idle
   loop) and handed back through the event loop; nothing is built while nobody asks.
@@ -382,6 +383,15 @@ class AsyncEngine:
                 (prompt - previous[0]) / elapsed, (gen - previous[1]) / elapsed,
                 100 * s.prefix_cache_hit_rate,
             )
+            if s.spec_decode_num_drafts:  # speculative decoding, since the start
+                logger.info(
+                    "speculative decoding: acceptance rate %.1f%% (%d of %d drafted tokens), "
+                    "mean accepted per draft: %.2f, per position: %s",
+                    100 * s.spec_decode_acceptance_rate, s.spec_decode_num_accepted_tokens,
+                    s.spec_decode_num_draft_tokens,
+                    s.spec_decode_num_accepted_tokens / s.spec_decode_num_drafts,
+                    ", ".join(f"{n / s.spec_decode_num_drafts:.2f}"
+                              for n in s.spec_decode_accepted_per_pos))
         return prompt, gen
 
 

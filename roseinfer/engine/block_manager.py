@@ -181,17 +181,29 @@ class BlockManager:
     def free(self, request: Request) -> None:
         """Drop the request's references; tail blocks go to the front of the LRU."""
         for block_id in reversed(request.block_table):
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            assert block.ref_count >= 0, f"block {block_id} freed twice"
-            if block.ref_count == 0:
-                if block.block_hash is None:
-                    self._free_queue[block_id] = None
-                    self._free_queue.move_to_end(block_id, last=False)
-                else:
-                    self._free_queue[block_id] = None  # cached: most recently used
+            self._release(block_id)
         request.block_table = []
         request.num_offered_blocks = 0
+
+    def trim(self, request: Request) -> None:
+        """Give back the blocks past the request's computed tokens: those allocated for
+        speculative drafts that were rejected (their slots hold K/V of tokens that are
+        not in the sequence, and no block with such slots is ever registered: the prefix
+        cache only takes blocks full of computed, i.e. accepted, tokens)."""
+        keep = self.blocks_needed(request.num_computed_tokens)
+        while len(request.block_table) > keep:
+            self._release(request.block_table.pop())
+
+    def _release(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        block.ref_count -= 1
+        assert block.ref_count >= 0, f"block {block_id} freed twice"
+        if block.ref_count == 0:
+            if block.block_hash is None:
+                self._free_queue[block_id] = None
+                self._free_queue.move_to_end(block_id, last=False)
+            else:
+                self._free_queue[block_id] = None  # cached: most recently used
 
     def cache_full_blocks(self, request: Request) -> None:
         """Register the request's newly computed full blocks in the prefix cache."""

@@ -2,7 +2,8 @@
 
 ``step()`` does one iteration for all requests in flight: the scheduler picks
 the tokens to compute, the model runner runs them in ONE forward, the sampler
-picks one token per request whose tokens were all computed, the scheduler
+picks one token per request whose tokens were all computed (speculating: its
+accepted drafts and one more), the scheduler
 appends them and finishes requests on EOS / stop ids / length, and the
 detokenizers turn new ids into text deltas (finishing requests on stop strings).
 Constrained requests (``SamplingParams.structured_outputs``) get their logits rows
@@ -10,6 +11,8 @@ masked to what their grammar allows (``roseinfer.engine.structured``, masks comp
 before or during the forward) and finish with ``"stop"`` once it is complete.
 A request with ``n > 1`` runs as n sequences that share the prompt's KV blocks
 through the prefix cache; its outputs are grouped back under one request id.
+With ``speculative_config``, decoding requests draft tokens by n-gram lookup
+(``roseinfer.engine.spec_decode``) and a step may give a request several tokens.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -26,18 +28,21 @@ from roseinfer.config import EngineConfig
 from roseinfer.engine.block_manager import BlockManager
 from roseinfer.engine.detokenizer import IncrementalDetokenizer
 from roseinfer.engine.fault_isolation import describe, run_isolated
-from roseinfer.engine.logprobs import LogprobBuilder, PromptLogprobs
+from roseinfer.engine.logprobs import LogprobBuilder
 from roseinfer.engine.request import Request, RequestStatus
+from roseinfer.engine.request_group import RequestGroup
 from roseinfer.engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
+from roseinfer.engine.spec_decode import SpecDecoding
 from roseinfer.engine.stats import EngineStats
 from roseinfer.engine.step_sampler import StepSampler
 from roseinfer.engine.structured import GrammarCompiler, StructuredDecoding
 from roseinfer.engine.validation import InvalidRequestError, RequestValidator
 from roseinfer.model.config import ModelConfig
-from roseinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from roseinfer.outputs import RequestMetrics, RequestOutput
 from roseinfer.runner.model_runner import ModelRunner, StepLogits, kv_bytes_per_block
 from roseinfer.runner.sampler import Sampler
 from roseinfer.sampling_params import SamplingParams
+from roseinfer.speculative_config import SpeculativeConfig
 from roseinfer.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -49,22 +54,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
-
-
-@dataclass(eq=False)
-class _Group:
-    """One user request: its n sequences, their detokenizers and what was sent so far."""
-
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    children: list[Request]
-    detoks: list[IncrementalDetokenizer | None]
-    metrics: RequestMetrics
-    texts: list[str] = field(default_factory=list)
-    prompt_logprobs: PromptLogprobs | None = None
-    error: str | None = None  # the first failure of one of its sequences
 
 
 class LLMEngine:
@@ -126,7 +115,10 @@ class LLMEngine:
         self.logprobs = LogprobBuilder(tokenizer)
         self.step_sampler = StepSampler(self.sampler, self.logprobs, model_config.vocab_size,
                                         self.device)
-        self._groups: dict[str, _Group] = {}
+        spec_config = SpeculativeConfig.coerce(config.speculative_config)
+        self.spec = (SpecDecoding(spec_config, config.max_num_batched_tokens)
+                     if spec_config is not None else None)
+        self._groups: dict[str, RequestGroup] = {}
         self._counter = 0
         self._checked_params: SamplingParams | None = None  # the last params that passed
         self.stats = EngineStats(num_total_blocks=num_blocks)
@@ -206,9 +198,9 @@ class LLMEngine:
             )
         for child in children:
             self.scheduler.add_request(child)
-        self._groups[request_id] = _Group(
+        self._groups[request_id] = RequestGroup(
             request_id, prompt if isinstance(prompt, str) else None, prompt_ids, params,
-            children, detoks, RequestMetrics(arrival), [""] * params.n,
+            children, detoks, RequestMetrics(arrival), [""] * params.n, [0] * params.n,
             [None] if params.prompt_logprobs is not None else None,
         )
         self.stats.prompt_tokens_total += len(prompt_ids)
@@ -248,6 +240,9 @@ class LLMEngine:
         requests of the step carry on unchanged. ``ModelFailedError`` means the model
         cannot run at all.
         """
+        start = time.perf_counter()
+        if self.spec is not None:
+            self.spec.propose(self.scheduler.running)  # drafts, taken by schedule()
         sched = self.scheduler.schedule()
         self.stats.num_preemptions += len(sched.preempted)
         if sched.is_empty:
@@ -266,10 +261,14 @@ class LLMEngine:
         if mask_job is not None:
             self.structured.advance(scheduled, sampled, failed)
         self._record_prompt_logprobs(scheduled, logits)
+        if self.spec is not None:
+            self.spec.record(scheduled, sampled, self.stats)
         failed_groups = self._fail(failed)
         advanced = self.scheduler.update(SchedulerOutput(scheduled), sampled)
-        self.stats.generation_tokens_total += len(advanced)
-        return self._make_outputs(advanced, failed_groups)
+        outputs = self._make_outputs(advanced, failed_groups)
+        if self.spec is not None:  # what a step of this many rows costs: drafts' worth
+            self.spec.observe_step(sched.num_tokens, time.perf_counter() - start)
+        return outputs
 
     def _execute(self, scheduled: list[ScheduledRequest], failed: dict[Request, str]
                  ) -> tuple[list[ScheduledRequest], StepLogits | None]:
@@ -309,7 +308,7 @@ class LLMEngine:
     def _make_outputs(self, advanced: list[Request],
                       failed_groups: set[str] = frozenset()) -> list[RequestOutput]:
         now = time.monotonic()
-        touched: dict[str, dict[int, tuple[str, int | None]]] = {gid: {} for gid in failed_groups}
+        touched: dict[str, dict[int, tuple[str, int]]] = {gid: {} for gid in failed_groups}
         late_failures: dict[Request, str] = {}
         for req in advanced:
             gid = _group_id(req)
@@ -317,15 +316,18 @@ class LLMEngine:
             if group is None:
                 continue
             index = group.children.index(req) if len(group.children) > 1 else 0
+            sent = group.sent[index]
             try:
-                delta = self._detokenize(req, group.detoks[index])
+                delta = self._detokenize(req, group.detoks[index], sent)
             except Exception as exc:  # noqa: BLE001 - this request alone fails
                 late_failures[req] = f"detokenizing failed: {describe(exc)}"
                 delta = ""
             group.texts[index] += delta
+            group.sent[index] = req.num_output_tokens
+            self.stats.generation_tokens_total += req.num_output_tokens - sent
             if req.first_token_time is None:
                 req.first_token_time = now
-            touched.setdefault(gid, {})[index] = (delta, req.output_token_ids[-1])
+            touched.setdefault(gid, {})[index] = (delta, sent)
         for gid in self._fail(late_failures):
             touched.setdefault(gid, {})
         outputs = []
@@ -334,26 +336,35 @@ class LLMEngine:
             if group.metrics.first_token_time is None and deltas:
                 group.metrics.first_token_time = now
             finished = all(c.is_finished for c in group.children)
-            outputs.append(self._group_output(group, deltas, finished, now))
+            outputs.append(group.output(deltas, finished, now))
             if finished:
                 del self._groups[gid]
                 for c in group.children:
                     self.stats.record_finish(c.finish_reason or "abort")
         return outputs
 
-    def _detokenize(self, req: Request, detok: IncrementalDetokenizer | None) -> str:
-        """The text delta of the request's new token, applying vLLM's stop rules: the
-        text of a stop token id / EOS that ended the sequence is left out (unless
-        ``include_stop_str_in_output``), and a stop string ends it with ``"stop"`` even
-        on the last allowed token."""
+    def _detokenize(self, req: Request, detok: IncrementalDetokenizer | None,
+                    sent: int) -> str:
+        """The text delta of the request's new tokens (those after the first ``sent``),
+        applying vLLM's stop rules: the text of a stop token id / EOS that ended the
+        sequence is left out (unless ``include_stop_str_in_output``), and a stop string
+        ends it with ``"stop"`` even on the last allowed token. New tokens go to the
+        detokenizer one by one: a stop string completed by one of several (accepted
+        drafts) ends the sequence there, and the tokens after it are dropped."""
         if detok is None:
             return ""
         stopped_by_token = (req.status is RequestStatus.FINISHED_STOPPED
                             and not req.stopped_by_grammar)  # a grammar's last token is text
+        new = req.output_token_ids[sent:]
+        if stopped_by_token and not req.params.include_stop_str_in_output:
+            new = new[:-1]
         delta, matched = "", None
-        if not stopped_by_token or req.params.include_stop_str_in_output:
-            upd = detok.add_tokens([req.output_token_ids[-1]])
-            delta, matched = upd.delta, upd.stop_matched
+        for j, token in enumerate(new):
+            upd = detok.add_tokens([token])
+            delta, matched = delta + upd.delta, upd.stop_matched
+            if matched is not None:
+                req.truncate_output(sent + j + 1)
+                break
         if matched is not None:
             if req.is_finished:  # by length, or by a stop id whose text is kept
                 req.status = RequestStatus.FINISHED_STOPPED
@@ -364,38 +375,11 @@ class LLMEngine:
             delta += detok.finish()
         return delta
 
-    def _group_output(self, group: _Group, deltas: dict[int, tuple[str, int]],
-                      finished: bool, now: float) -> RequestOutput:
-        outs = []
-        for i, child in enumerate(group.children):
-            delta_text, delta_tok = deltas.get(i, ("", None))
-            logprobs = None
-            delta_lp = None
-            if child.params.logprobs is not None:
-                logprobs = child.output_logprobs  # built once per token by the StepSampler
-                delta_lp = logprobs[-1:] if delta_tok is not None else []
-            outs.append(CompletionOutput(
-                index=i, text=group.texts[i], token_ids=child.output_token_ids,
-                finish_reason=child.finish_reason, stop_reason=child.stop_reason,
-                logprobs=logprobs,
-                cumulative_logprob=child.cumulative_logprob if logprobs is not None else None,
-                delta_text=delta_text,
-                delta_token_ids=[delta_tok] if delta_tok is not None else [],
-                delta_logprobs=delta_lp,
-            ))
-        if finished:
-            group.metrics.finished_time = now
-        return RequestOutput(
-            request_id=group.request_id, prompt=group.prompt,
-            prompt_token_ids=group.prompt_token_ids, outputs=outs, finished=finished,
-            num_cached_tokens=group.children[0].num_cached_tokens, metrics=group.metrics,
-            prompt_logprobs=group.prompt_logprobs, error=group.error,
-        )
-
     def get_stats(self) -> EngineStats:
         """A snapshot of the counters and gauges (a copy: safe to hand to another thread)."""
         s = copy.copy(self.stats)
         s.finished = dict(self.stats.finished)
+        s.spec_decode_accepted_per_pos = list(self.stats.spec_decode_accepted_per_pos)
         s.num_running = len(self.scheduler.running)
         s.num_waiting = len(self.scheduler.waiting)
         s.num_free_blocks = self.block_manager.num_free_blocks

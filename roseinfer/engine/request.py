@@ -3,8 +3,9 @@
 A request owns its token ids (prompt + output), how many of them have K/V in the
 cache (``num_computed_tokens``), its block table, its status and finish reason.
 The scheduler advances ``num_computed_tokens`` until it catches up with
-``num_tokens``; every time it does, one new token is sampled and appended. A
-constrained request also owns its grammar matcher (``grammar``).
+``num_tokens``; every time it does, one new token is sampled and appended (with
+speculative decoding, its accepted drafts too). A constrained request also owns its
+grammar matcher (``grammar``), a speculating one its drafter state (``spec``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from roseinfer.outputs import Logprob
 from roseinfer.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from roseinfer.engine.spec_decode import SpecState
     from roseinfer.engine.structured.matcher import GrammarMatcher
 
 
@@ -78,6 +80,10 @@ class Request:
     # was complete (the last token's text is kept, unlike an EOS / stop id's).
     grammar: GrammarMatcher | None = None
     stopped_by_grammar: bool = False
+    # Speculative decoding: the drafts proposed for the next step (the scheduler takes
+    # what fits; never part of all_token_ids), and the drafter's per-sequence state.
+    spec_token_ids: list[int] = field(default_factory=list)
+    spec: SpecState | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -109,3 +115,16 @@ class Request:
     def append_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
+
+    def truncate_output(self, num_output_tokens: int) -> None:
+        """Keep the first ``num_output_tokens`` outputs and their logprobs: a stop met
+        inside a run of accepted drafts ends the sequence there. Only for a request that
+        is finishing (its block hashes may still cover the dropped tokens)."""
+        del self.output_token_ids[num_output_tokens:]
+        del self.all_token_ids[self.num_prompt_tokens + num_output_tokens:]
+        if len(self.output_logprobs) > num_output_tokens:
+            del self.output_logprobs[num_output_tokens:]
+            total = 0.0  # summed again in order: the same float as the token-by-token sum
+            for entry, token in zip(self.output_logprobs, self.output_token_ids, strict=True):
+                total += entry[token].logprob
+            self.cumulative_logprob = total

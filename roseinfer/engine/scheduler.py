@@ -7,6 +7,15 @@ prefill gets its next chunk), then waiting requests are admitted FCFS while the
 budget, ``max_num_seqs`` and free KV blocks last. When a running request needs a
 block and none is free, the newest running request is preempted: its blocks are
 freed and it goes back to the front of the waiting queue, to be recomputed.
+
+Speculative decoding: a decoding request may carry drafts (``Request.spec_token_ids``,
+set by the engine's drafter before ``schedule``). After every running request has its
+decode token or chunk, each decode takes as many of its drafts as the remaining budget
+and free blocks allow (drafts never preempt anyone), before waiting requests are
+admitted; its chunk is then 1 + d tokens. ``update`` appends the accepted drafts and the
+token after them, stopping at the first that finishes the request, moves
+``num_computed_tokens`` only over tokens whose K/V are right (the last appended token is
+computed next step), and gives back the blocks of rejected drafts.
 """
 
 from __future__ import annotations
@@ -22,13 +31,16 @@ from roseinfer.engine.request import Request, RequestStatus
 @dataclass(slots=True)
 class ScheduledRequest:
     request: Request
-    num_new_tokens: int
+    num_new_tokens: int  # tokens fed this step, drafts included
+    # Drafted tokens fed after the request's own (the last ``len`` of num_new_tokens);
+    # only on a chunk that completes its request.
+    spec_token_ids: list[int] = field(default_factory=list)
 
     @property
     def completes(self) -> bool:
         """True when this chunk reaches the end of the request's tokens (so it samples)."""
         r = self.request
-        return r.num_computed_tokens + self.num_new_tokens == r.num_tokens
+        return r.num_computed_tokens + self.num_new_tokens - len(self.spec_token_ids) == r.num_tokens
 
 
 @dataclass(slots=True)
@@ -106,7 +118,11 @@ class Scheduler:
                 continue
             break  # req itself was preempted: nothing older needs its blocks
 
-        # 2. Waiting requests, FCFS, unless this step had to preempt.
+        # 2. Drafts of the scheduled decodes, while the budget and free blocks last.
+        if not out.preempted:
+            budget = self._schedule_drafts(out.scheduled, budget)
+
+        # 3. Waiting requests, FCFS, unless this step had to preempt.
         pending_hashes: set[int] = set()  # blocks being computed this step, not yet cached
         if self.waiting and budget > 0 and not out.preempted:  # only admission needs them
             for s in out.scheduled:
@@ -136,6 +152,27 @@ class Scheduler:
         self.waiting.extendleft(reversed(skipped))
         return out
 
+    def _schedule_drafts(self, scheduled: list[ScheduledRequest], budget: int) -> int:
+        """Extend each decode chunk by the drafts of its request that fit; returns the
+        budget left. A request drafts at most what it may still generate, minus the one
+        token sampled after its drafts."""
+        for s in scheduled:
+            req = s.request
+            if not req.spec_token_ids or budget <= 0:
+                continue
+            drafts, req.spec_token_ids = req.spec_token_ids, []
+            if s.num_new_tokens != 1 or not s.completes:
+                continue
+            room = min(req.params.max_tokens - req.num_output_tokens,
+                       self.max_model_len - req.num_tokens) - 1
+            d = min(len(drafts), budget, room)
+            if d <= 0 or not self.block_manager.allocate(req, 1 + d):
+                continue
+            s.num_new_tokens += d
+            s.spec_token_ids = drafts[:d]
+            budget -= d
+        return budget
+
     def _uncomputed_hashes(self, req: Request) -> list[int]:
         if not self.block_manager.enable_prefix_caching:
             return []
@@ -153,6 +190,7 @@ class Scheduler:
     def _preempt(self, req: Request) -> None:
         self.block_manager.free(req)
         req.num_computed_tokens = 0
+        req.spec_token_ids = []
         req.status = RequestStatus.PREEMPTED
         req.num_preemptions += 1
         self.num_preemptions += 1
@@ -160,45 +198,65 @@ class Scheduler:
 
     # ---------------------------------------------------------------- update
     def update(
-        self, out: SchedulerOutput, sampled: Sequence[int | None]
+        self, out: SchedulerOutput, sampled: Sequence[Sequence[int]]
     ) -> list[Request]:
-        """Apply one step's results; return requests that received a new token.
+        """Apply one step's results; return requests that received new tokens.
 
-        ``sampled[i]`` is the token for ``out.scheduled[i]`` when that chunk
-        completed the request's tokens, else None (a partial prefill chunk).
-        Finishing on EOS / stop ids / a completed grammar (``"stop"``, even on the
-        last allowed token) / length happens here; stop strings are the engine's
-        (detokenizer) call via ``finish_request``.
+        ``sampled[i]`` holds the tokens for ``out.scheduled[i]`` when that chunk
+        completed the request's tokens: one sampled token, or for a chunk with d drafts
+        its accepted drafts (a prefix of them) and the token sampled after them; empty
+        for a partial prefill chunk. Tokens are appended until one finishes the request:
+        EOS / stop ids / a completed grammar (``"stop"``, even on the last allowed
+        token) / length; stop strings are the engine's (detokenizer) call via
+        ``finish_request``.
         """
         bm = self.block_manager
         advanced: list[Request] = []
-        for s, token in zip(out.scheduled, sampled, strict=True):
+        for s, tokens in zip(out.scheduled, sampled, strict=True):
             req = s.request
             if req.is_finished:  # aborted during the step
                 continue
-            req.num_computed_tokens += s.num_new_tokens
-            if token is None:
+            num_drafts = len(s.spec_token_ids)
+            req.num_computed_tokens += s.num_new_tokens - num_drafts
+            if not tokens:
+                if num_drafts:
+                    bm.trim(req)
                 bm.cache_full_blocks(req)
                 continue
-            req.append_token(token)
+            stop: RequestStatus | None = None
+            for j, token in enumerate(tokens):
+                if j:  # tokens[j - 1] was the draft fed at this position: its K/V are right
+                    req.num_computed_tokens += 1
+                req.append_token(token)
+                stop = self._stop_status(req, token)
+                if stop is not None:
+                    break
+            if len(req.output_logprobs) > req.num_output_tokens:  # cut by a stop
+                req.truncate_output(req.num_output_tokens)
+            if num_drafts:
+                bm.trim(req)
             bm.cache_full_blocks(req)
             advanced.append(req)
-            self._check_stop(req, token)
+            if stop is not None:
+                self.finish_request(req, stop)
         return advanced
 
-    def _check_stop(self, req: Request, token: int) -> None:
+    def _stop_status(self, req: Request, token: int) -> RequestStatus | None:
+        """How ``token``, just appended, finishes the request (None: it goes on); sets
+        ``stop_reason`` / ``stopped_by_grammar``."""
         p = req.params
         past_min = req.num_output_tokens >= p.min_tokens
         if past_min and not p.ignore_eos and token in req.eos_token_ids:
-            self.finish_request(req, RequestStatus.FINISHED_STOPPED)
-        elif past_min and token in p.stop_token_ids:
+            return RequestStatus.FINISHED_STOPPED
+        if past_min and token in p.stop_token_ids:
             req.stop_reason = token
-            self.finish_request(req, RequestStatus.FINISHED_STOPPED)
-        elif req.grammar is not None and req.grammar.terminated:  # complete: "stop"
+            return RequestStatus.FINISHED_STOPPED
+        if req.grammar is not None and req.grammar.terminated:  # complete: "stop"
             req.stopped_by_grammar = token not in req.eos_token_ids
-            self.finish_request(req, RequestStatus.FINISHED_STOPPED)
-        elif req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.max_model_len:
-            self.finish_request(req, RequestStatus.FINISHED_LENGTH)
+            return RequestStatus.FINISHED_STOPPED
+        if req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
 
     def finish_request(self, req: Request, status: RequestStatus) -> None:
         """Finish (or abort) a request in any state and free its blocks at once."""

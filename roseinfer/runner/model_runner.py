@@ -4,7 +4,9 @@ Given the scheduler's chunks it builds the flat batch (token ids, positions,
 slot mapping and block tables via ``build_attention_metadata``), runs ONE model
 forward over every scheduled token of every request, and returns logits for the
 last position of each chunk that completes its request (those are sampled), plus
-all-position logits for chunks whose request asked for prompt logprobs.
+all-position logits for chunks whose request asked for prompt logprobs. A chunk with
+d speculative drafts (fed after the request's own last token) has d + 1 positions to
+sample: the logits of all of them are returned, in order.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype)
 
 @dataclass(slots=True)
 class StepLogits:
-    sample_logits: torch.Tensor  # [num_completing, V] float32, in scheduled order
+    # [R, V] float32: for each chunk that completes its request, in scheduled order, the
+    # rows of its last 1 + d positions (d = its drafts; 1 row without speculation).
+    sample_logits: torch.Tensor
     prompt_logits: dict[int, torch.Tensor]  # scheduled index -> [num_new_tokens, V] float32
 
 
@@ -63,7 +67,9 @@ class ModelRunner:
             s = scheduled[i]
             req = s.request
             start = req.num_computed_tokens
-            flat_ids.extend(req.all_token_ids[start:start + s.num_new_tokens])
+            own = s.num_new_tokens - len(s.spec_token_ids)
+            flat_ids.extend(req.all_token_ids[start:start + own])
+            flat_ids.extend(s.spec_token_ids)
             seqs.append(SeqSpec(start, s.num_new_tokens, req.block_table))
         meta = build_attention_metadata(seqs, self.block_size, self.device)
         input_ids = torch.tensor(flat_ids, dtype=torch.long, device=self.device)  # [T]
@@ -73,8 +79,11 @@ class ModelRunner:
         position_of = {i: k for k, i in enumerate(order)}
         completing = [i for i in range(len(scheduled)) if scheduled[i].completes]
         rows = meta.logits_indices[[position_of[i] for i in completing]] if completing else None
+        if rows is not None and any(scheduled[i].spec_token_ids for i in completing):
+            rows = _draft_rows(rows.tolist(), [len(scheduled[i].spec_token_ids)
+                                               for i in completing], self.device)
         if rows is not None:
-            sample_logits = self.model.compute_logits(hidden[rows])  # [N, V]
+            sample_logits = self.model.compute_logits(hidden[rows])  # [R, V]
         else:
             sample_logits = torch.empty(0, self.config.vocab_size, device=self.device)
 
@@ -86,3 +95,11 @@ class ModelRunner:
             end = int(meta.logits_indices[position_of[i]]) + 1
             prompt_logits[i] = self.model.compute_logits(hidden[end - s.num_new_tokens:end])
         return StepLogits(sample_logits.float(), prompt_logits)
+
+
+def _draft_rows(last_rows: list[int], num_drafts: list[int], device: torch.device
+                ) -> torch.Tensor:
+    """Flat rows to sample: each chunk's last row preceded by one row per draft."""
+    rows = [r for last, d in zip(last_rows, num_drafts, strict=True)
+            for r in range(last - d, last + 1)]
+    return torch.tensor(rows, dtype=torch.long, device=device)  # [R]

@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 
 from roseinfer.engine.async_engine import AsyncEngine
 from roseinfer.engine.request_stream import StepTimings
+from roseinfer.engine.stats import EngineStats
 
 PREFIX = "roseinfer:"
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
@@ -61,12 +62,39 @@ class _EngineCollector(Collector):
                             s.prefix_cache_queries)
         yield self._counter("prefix_cache_hits", "Prompt tokens served from the prefix cache.",
                             s.prefix_cache_hits)
+        yield from _spec_decode_metrics(s, self._model)
         success = CounterMetricFamily(PREFIX + "request_success",
                                       "Finished sequences by finish reason.",
                                       labels=["model_name", "finished_reason"])
         for reason in sorted({"stop", "length", "abort", *s.finished}):
             success.add_metric([self._model, reason], s.finished.get(reason, 0))
         yield success
+
+
+def _spec_decode_metrics(s: EngineStats, model: str) -> Iterator[Metric]:
+    """Speculative decoding (vLLM's names; zeros while it is off or has not drafted)."""
+    for name, doc, value in (
+        ("spec_decode_num_drafts", "Verifications of a request's drafts.",
+         s.spec_decode_num_drafts),
+        ("spec_decode_num_draft_tokens", "Drafted tokens verified.",
+         s.spec_decode_num_draft_tokens),
+        ("spec_decode_num_accepted_tokens", "Drafted tokens accepted.",
+         s.spec_decode_num_accepted_tokens),
+    ):
+        c = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
+        c.add_metric([model], value)
+        yield c
+    per_pos = CounterMetricFamily(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+                                  "Drafted tokens accepted, by position in the draft (0 = first).",
+                                  labels=["model_name", "position"])
+    for pos, value in enumerate(s.spec_decode_accepted_per_pos):
+        per_pos.add_metric([model, str(pos)], value)
+    yield per_pos
+    rate = GaugeMetricFamily(PREFIX + "spec_decode_acceptance_rate",
+                             "Accepted / drafted tokens since the start (0-1).",
+                             labels=["model_name"])
+    rate.add_metric([model], s.spec_decode_acceptance_rate)
+    yield rate
 
 
 class ServerMetrics:

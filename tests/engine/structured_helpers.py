@@ -71,11 +71,13 @@ class MaskSpy:
             tokens = inner(scheduled, logits, failed, masks)
             if masks is None:
                 return tokens
-            for s, tok in zip(scheduled, tokens, strict=True):
+            for s, toks in zip(scheduled, tokens, strict=True):
                 req: Request = s.request
                 row = masks.row_of.get(req)
-                if row is None or tok is None:
+                if row is None or not toks:
                     continue
+                assert len(toks) == 1, "a constrained request never drafts"
+                tok = toks[0]
                 allowed = masks.allowed[row]
                 self.requests.add(req)
                 self.checked += 1

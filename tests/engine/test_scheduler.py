@@ -26,7 +26,7 @@ def fake_step(sched: Scheduler) -> SchedulerOutput:
         # The KV of the chunk must be covered by the block table.
         end = req.num_computed_tokens + s.num_new_tokens
         assert len(req.block_table) * sched.block_manager.block_size >= end
-        sampled.append(fake_next_token(req.all_token_ids) if s.completes else None)
+        sampled.append([fake_next_token(req.all_token_ids)] if s.completes else [])
     sched.update(out, sampled)
     return out
 

@@ -112,15 +112,16 @@ class StructuredDecoding:
                 allowed[k] = False
         return GrammarMasks(allowed, {req: k for k, req in enumerate(job.requests)})
 
-    def advance(self, scheduled: Sequence[ScheduledRequest], sampled: Sequence[int | None],
+    def advance(self, scheduled: Sequence[ScheduledRequest], sampled: Sequence[Sequence[int]],
                 failed: dict[Request, str]) -> None:
         """Each constrained request that got a token consumes it (before
-        ``Scheduler.update``, which then finishes a request whose grammar completed)."""
-        for s, token in zip(scheduled, sampled, strict=True):
+        ``Scheduler.update``, which then finishes a request whose grammar completed).
+        Constrained requests never draft, so a step gives each at most one token."""
+        for s, tokens in zip(scheduled, sampled, strict=True):
             req = s.request
-            if token is None or req.grammar is None or req in failed or req.is_finished:
+            if not tokens or req.grammar is None or req in failed or req.is_finished:
                 continue
-            error = req.grammar.accept(token)
+            error = req.grammar.accept(tokens[0])
             if error is not None:
                 failed[req] = f"structured output: {error}"
 
