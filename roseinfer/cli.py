@@ -36,6 +36,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=None,
                    help="engine RNG seed for unseeded sampling (default 0); for generate "
                         "and chat it also seeds each request")
+    g.add_argument("--no-weight-cache", dest="weight_cache", action="store_false", default=None,
+                   help="do not read or write the converted-weights cache ($ROSEINFER_CACHE_DIR, "
+                        "default ~/.cache/roseinfer; $ROSEINFER_WEIGHT_CACHE=0 also disables it)")
     g.add_argument("--speculative-config", default=None, metavar="JSON",
                    help="n-gram speculative decoding (off by default), vLLM's JSON: "
                         "'{\"method\": \"ngram\", \"num_speculative_tokens\": 8, "
@@ -52,6 +55,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         enable_prefix_caching=args.enable_prefix_caching, num_threads=args.num_threads,
         seed=args.seed if args.seed is not None else 0,
         speculative_config=getattr(args, "speculative_config", None),
+        weight_cache=getattr(args, "weight_cache", None),
     )
 
 

@@ -49,6 +49,10 @@ class EngineConfig:
     # "prompt_lookup_max": N, "prompt_lookup_min": n}; always a SpeculativeConfig after
     # construction (roseinfer/speculative_config.py).
     speculative_config: SpeculativeConfig | Mapping[str, Any] | str | None = None
+    # Weight cache (README, Startup): keep the converted weights (and a GGUF's converted
+    # tokenizer) under $ROSEINFER_CACHE_DIR (~/.cache/roseinfer) so later starts skip the
+    # conversion. None = on unless $ROSEINFER_WEIGHT_CACHE=0; False = off.
+    weight_cache: bool | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
@@ -79,6 +83,9 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.max_model_len must be >= 2, got {self.max_model_len!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"EngineConfig.num_threads must be >= 1, got {self.num_threads!r}")
+        if self.weight_cache not in (None, True, False):
+            raise ValueError(f"EngineConfig.weight_cache must be None or a bool, got "
+                             f"{self.weight_cache!r}")
         # Normalised once, at construction: validated, and a dict never kept.
         object.__setattr__(self, "speculative_config",
                            SpeculativeConfig.coerce(self.speculative_config))

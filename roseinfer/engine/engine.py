@@ -69,19 +69,21 @@ class LLMEngine:
         torch.set_num_threads(config.resolved_num_threads())
         self.device = resolve_device(config.device)
         self.dtype = _TORCH_DTYPES[config.dtype]
+        self.quantization = config.resolved_quantization(self.device.type)
         if model is None:
             from roseinfer.model.factory import load_model
 
-            model, model_config, source = load_model(config.model, self.dtype, self.device)
-            tokenizer = tokenizer or Tokenizer.from_model_path(source)
+            # Converted to self.quantization, through the weight cache (README, Startup).
+            model, model_config, source = load_model(config.model, self.dtype, self.device,
+                                                     self.quantization, config.weight_cache)
+            tokenizer = tokenizer or Tokenizer.from_model_path(source, config.weight_cache)
         elif model_config is None:
             raise ValueError("model_config is required when a model object is given")
         assert model_config is not None
-        self.quantization = config.resolved_quantization(self.device.type)
         if self.quantization != "none":
             from roseinfer.model.quantize import quantize_model
 
-            quantize_model(model, self.quantization)
+            quantize_model(model, self.quantization)  # no-op when load_model converted it
         self.kv_dtype = _TORCH_DTYPES[config.resolved_kv_cache_dtype(self.device.type)]
         self.model_config = model_config
         self.tokenizer = tokenizer

@@ -20,10 +20,12 @@ import logging
 import os
 import platform
 import threading
+from collections.abc import Callable
 
 import torch
 
 logger = logging.getLogger("roseinfer.kernels")
+PACK_WEIGHTS_PER_THREAD = 16 << 20  # see _pack
 _lock = threading.Lock()
 _state: dict[str, object] = {}
 
@@ -69,18 +71,60 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, fp16: bool,
     if int8 and w.shape[1] % 32 == 0:
         from roseinfer.kernels.q4_1 import recover_q4_1
 
-        linear = torch.classes.roseinfer.Linear(w, b, False)
         q4 = recover_q4_1(w)  # a Q4_1 GGUF's weights: kept exactly, 4 bits each
         if q4 is not None:
-            linear.set_q4_weight(*q4)  # drops the fp32 weight
-        else:
-            q, scales = quantize_int8_blocks(w)
-            linear.set_int8_weight(q, scales)
-        return linear
+            return make_q4_linear(*q4, b)
+        return make_int8_linear(*quantize_int8_blocks(w), b)
     linear = torch.classes.roseinfer.Linear(w, b, fp16)
     if bf16_min_rows > 0:
         linear.set_bf16_weight(w.to(torch.bfloat16).contiguous(), bf16_min_rows)
     return linear
+
+
+def make_int8_linear(q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> object:
+    """A ``torch.classes.roseinfer.Linear`` over int8 weights already quantized by
+    ``quantize_int8_blocks``: q int8 [N, K] (K % 32 == 0), scales float32 [N, K / 32].
+
+    The kernel ``make_linear(w, b, fp16, int8=True)`` builds from a (non-Q4_1) ``w``,
+    without the fp32 weight (the weight cache hands its stored q / scales straight here)."""
+    linear = _bare_linear(q, bias)
+    _pack(q, lambda: linear.set_int8_weight(q, scales))
+    return linear
+
+
+def make_q4_linear(q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
+                   bias: torch.Tensor | None) -> object:
+    """A ``torch.classes.roseinfer.Linear`` over Q4_1 weights as ``q4_1.recover_q4_1``
+    gives them: q int8 [N, K] in [0, 15], scales and mins float32 [N, K / 32]; the kernel
+    ``make_linear(w, b, fp16, int8=True)`` builds from a Q4_1 ``w``."""
+    linear = _bare_linear(q, bias)
+    _pack(q, lambda: linear.set_q4_weight(q, scales, mins))
+    return linear
+
+
+def _bare_linear(q: torch.Tensor, bias: torch.Tensor | None) -> object:
+    """A Linear of q's shape whose weight is set next: the constructor only records the
+    fp32 weight, which set_int8_weight / set_q4_weight drop, so an uninitialised one is
+    never read (nor, being untouched, paged in)."""
+    n, k = q.shape
+    return torch.classes.roseinfer.Linear(torch.empty(n, k), None if bias is None
+                                          else bias.detach().float(), False)
+
+
+def _pack(q: torch.Tensor, pack: Callable[[], None]) -> None:
+    """Run a weight packing call (a byte shuffle of a few ms, in parallel regions) on one
+    thread per PACK_WEIGHTS_PER_THREAD weights: on a busy machine the regions' fork/join
+    costs more than the work (warm start of the default model, 2 cores under load: 4-5 s
+    with 2 threads, 1.3-2.4 s with 1)."""
+    threads = torch.get_num_threads()
+    wanted = max(1, min(threads, q.numel() // PACK_WEIGHTS_PER_THREAD))
+    if wanted != threads:
+        torch.set_num_threads(wanted)
+    try:
+        pack()
+    finally:
+        if wanted != threads:
+            torch.set_num_threads(threads)
 
 
 def quantize_int8_blocks(weight: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:

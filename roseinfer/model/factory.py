@@ -1,23 +1,109 @@
-"""load_model: checkpoint on disk -> ready model on the chosen device and dtype."""
+"""load_model: checkpoint on disk -> ready model on the chosen device, dtype and format.
+
+Given a weight format (``quantization``), the model comes back converted
+(``quantize_model``) and, on CPU, goes through the weight cache (``weight_cache``):
+the first start loads the checkpoint (GGUF tensors are dequantized), converts it and
+stores the result; later starts build the model straight from that file (int8 / Q4_1
+layers from their stored integers and scales), bitwise the same model.  Only what saves work is
+cached: int8 weights (any source) and every format of a GGUF source (dequantizing is
+the slow part); an fp32 copy of a safetensors checkpoint would only cost disk.
+"""
 
 from __future__ import annotations
 
+import logging
+import time
 from pathlib import Path
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
+from roseinfer.model.cache_key import (
+    cache_enabled,
+    cache_root,
+    code_fingerprint,
+    source_fingerprint,
+)
 from roseinfer.model.config import ModelConfig
-from roseinfer.model.loader import load_checkpoint
+from roseinfer.model.loader import Checkpoint, load_checkpoint
+from roseinfer.model.progress import note, progress, step
+from roseinfer.model.quantize import quantize_model
 from roseinfer.model.registry import create_model
+from roseinfer.model.weight_cache import WeightCache
+from roseinfer.model.weight_state import model_from_state, model_state
+
+logger = logging.getLogger("roseinfer.model")
+
+# The code a cached conversion depends on (paths in the roseinfer package).
+_CONVERSION_CODE = ("model", "kernels")
 
 
 def load_model(
-    model: str | Path | None, dtype: torch.dtype, device: torch.device
+    model: str | Path | None, dtype: torch.dtype, device: torch.device,
+    quantization: str | None = None, weight_cache: bool | None = None,
 ) -> tuple[nn.Module, ModelConfig, Path]:
-    """Load weights (HF dir, GGUF or .pt; None = default model); return (model, config, source)."""
+    """Load weights (HF dir, GGUF or .pt; None = default model); return (model, config,
+    source).  ``quantization`` (``"none"``, ``"int8"``...): convert to that format, using
+    the weight cache unless ``weight_cache`` is False (None: ``cache_key.cache_enabled``);
+    None: return the model as loaded (no cache), for the caller's ``quantize_model``."""
     ckpt = load_checkpoint(model)
-    net = create_model(ckpt.config, dtype, device)
-    net.load_weights(ckpt.weights)
-    net.eval()
+    if quantization is None:
+        return _load(ckpt, dtype, device), ckpt.config, ckpt.source
+    cache = _cache_entry(ckpt, dtype, device, quantization, weight_cache)
+    if cache is not None:
+        net = _from_cache(cache, ckpt.config, dtype, device, quantization)
+        if net is not None:
+            return net, ckpt.config, ckpt.source
+        note(f"first start of {ckpt.source.name} as {quantization}: converting its weights "
+             f"(kept in {cache.directory} for the next starts)")
+    records: dict[str, dict[str, Tensor]] = {}
+    net = _load(ckpt, dtype, device)
+    if quantization != "none":
+        quantize_model(net, quantization, records if cache is not None else None,
+                       track=lambda paths: progress(paths, f"converting to {quantization}",
+                                                    len(paths), unit="layer"))
+    if cache is not None:
+        with step("writing the weight cache"):
+            cache.save(model_state(net, records))
     return net, ckpt.config, ckpt.source
+
+
+def _load(ckpt: Checkpoint, dtype: torch.dtype, device: torch.device) -> nn.Module:
+    net = create_model(ckpt.config, dtype, device)
+    net.load_weights(progress(ckpt.weights, f"loading {ckpt.source.name}", ckpt.num_tensors))
+    return net.eval()
+
+
+def _cache_entry(ckpt: Checkpoint, dtype: torch.dtype, device: torch.device,
+                 quantization: str, option: bool | None) -> WeightCache | None:
+    """The weight-cache entry for this load, or None when nothing is cached."""
+    if device.type != "cpu" or not cache_enabled(option):
+        return None
+    int8_layers = False
+    if quantization == "int8" and dtype == torch.float32:
+        from roseinfer.kernels import cpu_kernels_available
+
+        int8_layers = cpu_kernels_available()
+    if not int8_layers and ckpt.source.suffix.lower() != ".gguf":
+        return None
+
+    kind = {"kind": "weights", "quantization": quantization, "dtype": str(dtype)}
+    key = {**kind, "linear_storage": "int8" if int8_layers else "plain",
+           "source": source_fingerprint(ckpt.source), "torch": torch.__version__,
+           "code": code_fingerprint(_CONVERSION_CODE)}
+    return WeightCache(cache_root() / "weights", ckpt.source, kind, key)
+
+
+def _from_cache(cache: WeightCache, config: ModelConfig, dtype: torch.dtype,
+                device: torch.device, quantization: str) -> nn.Module | None:
+    start = time.perf_counter()
+    state = cache.load()
+    if state is None:
+        return None
+    try:
+        net = model_from_state(config, dtype, device, state, quantization)
+    except Exception as exc:  # noqa: BLE001 - a stored state that does not build is corrupt
+        cache.discard(f"unusable ({exc})")
+        return None
+    logger.info("weights from the cache %s (%.2f s)", cache.path, time.perf_counter() - start)
+    return net

@@ -151,6 +151,13 @@ def _read_value(mm: mmap.mmap, pos: int, vtype: int) -> tuple[Any, int]:
     if etype in _SCALARS:
         fmt, size = _SCALARS[etype]
         return list(struct.unpack_from(f"<{count}{fmt}", mm, pos)), pos + count * size
+    if etype == _STRING:  # vocabularies and merges: ~100k strings, so one tight loop
+        strings = []
+        for _ in range(count):
+            (length,) = struct.unpack_from("<Q", mm, pos)
+            strings.append(mm[pos + 8:pos + 8 + length].decode("utf-8"))
+            pos += 8 + length
+        return strings, pos
     values = []
     for _ in range(count):
         value, pos = _read_value(mm, pos, etype)
@@ -181,4 +188,6 @@ def load_gguf(path: str | Path) -> Checkpoint:
     """Config plus a lazy HF-named weights iterator for a GGUF file."""
     gf = GGUFFile(path)
     config = gguf_model_config(gf)
-    return Checkpoint(config=config, weights=iter_gguf_weights(gf, config), source=gf.path)
+    count = sum(info.name not in ROPE_TENSORS for info in gf.tensors.values())
+    return Checkpoint(config=config, weights=iter_gguf_weights(gf, config), source=gf.path,
+                      num_tensors=count)

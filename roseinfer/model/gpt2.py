@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -81,8 +82,12 @@ class GPT2Model(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.wte = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.wpe = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        # Uninitialised weights given: no random init (on meta it imports torch._dynamo).
+        self.wte = nn.Embedding(config.vocab_size, config.hidden_size,
+                                _weight=torch.empty(config.vocab_size, config.hidden_size))
+        self.wpe = nn.Embedding(config.max_position_embeddings, config.hidden_size,
+                                _weight=torch.empty(config.max_position_embeddings,
+                                                    config.hidden_size))
         self.h = nn.ModuleList(GPT2Block(config) for _ in range(config.num_layers))
         self.ln_f = nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
 

@@ -96,7 +96,10 @@ class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig, layer_cls: type[nn.Module],
                  norm_cls: type[nn.Module]) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # Given an (uninitialised) weight, nn.Embedding skips its random init: on the
+        # meta device (registry.create_model) that init imports torch._dynamo (~2.5 s).
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
+                                         _weight=torch.empty(config.vocab_size, config.hidden_size))
         self.layers = nn.ModuleList(layer_cls(config, i) for i in range(config.num_layers))
         self.norm = norm_cls(config.hidden_size, config.norm_eps)
         self.rotary_emb = RotaryEmbedding(

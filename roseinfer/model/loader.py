@@ -40,6 +40,7 @@ class Checkpoint:
     config: ModelConfig
     weights: Iterator[tuple[str, torch.Tensor]]
     source: Path  # the file/dir the tokenizer should load from
+    num_tensors: int | None = None  # how many pairs ``weights`` yields, when known cheaply
 
 
 def default_model_path() -> Path:

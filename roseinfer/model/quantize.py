@@ -45,7 +45,8 @@ activations with one scale per 32 values of a row (llama.cpp's Q8_0 x Q8_0) meas
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -86,19 +87,14 @@ class Fp16Linear(nn.Module):
 
     On CPU the weight is prepacked for fbgemm; elsewhere it is an fp16 tensor cast
     per call.  ``weight`` is kept (as fp16) for inspection and for ``.to(device)``.
+    ``Fp16Linear.from_kernel`` wraps a kernel built from already quantized weights.
     """
 
     def __init__(self, weight: Tensor, bias: Tensor | None, use_fbgemm: bool,
                  bf16_min_rows: int = 0, int8: bool = False) -> None:
         super().__init__()
-        self.in_features = int(weight.shape[1])
-        self.out_features = int(weight.shape[0])
+        self._setup(int(weight.shape[0]), int(weight.shape[1]), bias)
         self.register_buffer("weight", weight.detach().to(torch.float16), persistent=False)
-        self.register_buffer(
-            "bias", None if bias is None else bias.detach().float(), persistent=False
-        )
-        self._packed = None
-        self.kernel: object | None = None  # torch.classes.roseinfer.Linear (threaded fbgemm)
         if weight.device.type == "cpu" and weight.dtype == torch.float32 and _kernels():
             from roseinfer.kernels import make_linear
 
@@ -112,6 +108,27 @@ class Fp16Linear(nn.Module):
                 None if bias is None else bias.detach().float().contiguous(),
             )
             self.weight = torch.empty(0, dtype=torch.float16)
+
+    @classmethod
+    def from_kernel(cls, kernel: object, out_features: int, in_features: int,
+                    bias: Tensor | None) -> Fp16Linear:
+        """A layer over an already built ``torch.classes.roseinfer.Linear`` (int8 or Q4_1
+        weights from ``kernels.make_int8_linear`` / ``make_q4_linear``)."""
+        self = cls.__new__(cls)
+        nn.Module.__init__(self)
+        self._setup(out_features, in_features, bias)
+        self.register_buffer("weight", torch.empty(0, dtype=torch.float16), persistent=False)
+        self.kernel = kernel
+        return self
+
+    def _setup(self, out_features: int, in_features: int, bias: Tensor | None) -> None:
+        self.in_features = in_features
+        self.out_features = out_features
+        self.register_buffer(
+            "bias", None if bias is None else bias.detach().float(), persistent=False
+        )
+        self._packed = None
+        self.kernel: object | None = None  # torch.classes.roseinfer.Linear (threaded fbgemm)
 
     def forward(self, x: Tensor) -> Tensor:  # [T, in] -> [T, out]
         if x.dtype == torch.float32:
@@ -135,44 +152,132 @@ def _kernels() -> bool:
     return cpu_kernels_available()
 
 
-def _swap_linears(module: nn.Module, make: Callable[[Tensor, Tensor | None], Fp16Linear],
-                  skip: nn.Module | None = None) -> int:
-    count = 0
-    for name, child in list(module.named_children()):
-        if child is skip:
-            continue
-        if isinstance(child, nn.Linear):
-            setattr(module, name, make(child.weight, child.bias))
-            count += 1
-        else:
-            count += _swap_linears(child, make, skip)
-    return count
+@dataclass(frozen=True)
+class LinearFormat:
+    """How ``quantize_model`` builds each layer of one weight format (``linear_format``)."""
+
+    use_fbgemm: bool
+    bf16_min_rows: int  # > 0: fp16+bf16
+    int8: bool
+    kernels: bool  # the C++ kernels are loaded (int8 weights need them)
 
 
-@torch.no_grad()
-def quantize_model(model: nn.Module, quantization: str | None) -> nn.Module:
-    """Convert ``model``'s linear layers (and LM head) in place to ``quantization``.
-
-    The model must expose ``lm_head`` (an ``nn.Linear`` or None when tied) and a
-    ``tied_embedding()`` returning the embedding weight a tied head reads.
-    """
-    if quantization in (None, "none"):
-        return model
-    if quantization not in QUANTIZATIONS:
+def linear_format(quantization: str) -> LinearFormat:
+    """The layer recipe of a (non-"none") ``quantization``; ValueError for unknown ones."""
+    if quantization not in QUANTIZATIONS or quantization == "none":
         raise ValueError(f"unsupported quantization {quantization!r}; supported: {QUANTIZATIONS}")
-    use_fbgemm = fbgemm_fp16_available()
-    bf16_min_rows = BF16_MIN_ROWS if quantization == "fp16+bf16" else 0
-    int8 = quantization == "int8"
+    return LinearFormat(use_fbgemm=fbgemm_fp16_available(),
+                        bf16_min_rows=BF16_MIN_ROWS if quantization == "fp16+bf16" else 0,
+                        int8=quantization == "int8", kernels=_kernels())
+
+
+def convert_linear(weight: Tensor, bias: Tensor | None, fmt: LinearFormat, head: bool = False
+                   ) -> tuple[Fp16Linear, dict[str, Tensor]]:
+    """One layer in format ``fmt`` plus the record it can be rebuilt from bitwise
+    (``rebuild_linear``): int8 weights as ``{"qweight", "scales"}``, a Q4_1 GGUF's
+    weights as ``{"q4weight", "q4scales", "q4mins"}`` (``kernels.q4_1``), anything else
+    as ``{"weight"}`` (the original weight); plus ``"bias"`` when there is one.
+    ``head``: the LM head (never bf16, see the module docstring)."""
+    record = {} if bias is None else {"bias": bias.detach()}
+    if (fmt.int8 and fmt.kernels and weight.device.type == "cpu"
+            and weight.dtype == torch.float32 and weight.shape[1] % 32 == 0):
+        from roseinfer.kernels import quantize_int8_blocks
+        from roseinfer.kernels.q4_1 import recover_q4_1
+
+        w = weight.detach().contiguous()
+        q4 = recover_q4_1(w)  # as make_linear(int8=True): Q4_1 kept exactly, else Q8_0
+        if q4 is not None:
+            record.update(q4weight=q4[0], q4scales=q4[1], q4mins=q4[2])
+        else:
+            q, scales = quantize_int8_blocks(w)
+            record.update(qweight=q, scales=scales)
+        return rebuild_linear(record, fmt, head), record
+    record["weight"] = weight.detach()
+    bf16_min_rows = 0 if head else fmt.bf16_min_rows
+    return Fp16Linear(weight, bias, fmt.use_fbgemm, bf16_min_rows, fmt.int8), record
+
+
+def rebuild_linear(record: dict[str, Tensor], fmt: LinearFormat, head: bool = False
+                   ) -> Fp16Linear:
+    """The layer ``convert_linear`` built, from its record (e.g. read back from the
+    weight cache)."""
+    bias = record.get("bias")
+    if "qweight" in record or "q4weight" in record:
+        if not fmt.kernels:
+            raise ValueError("int8 / Q4_1 weights need the C++ kernels, which are not loaded")
+        from roseinfer.kernels import make_int8_linear, make_q4_linear
+
+        if "q4weight" in record:
+            q = record["q4weight"]
+            kernel = make_q4_linear(q, record["q4scales"], record["q4mins"], bias)
+        else:
+            q = record["qweight"]
+            kernel = make_int8_linear(q, record["scales"], bias)
+        return Fp16Linear.from_kernel(kernel, int(q.shape[0]), int(q.shape[1]), bias)
+    bf16_min_rows = 0 if head else fmt.bf16_min_rows
+    return Fp16Linear(record["weight"], bias, fmt.use_fbgemm, bf16_min_rows, fmt.int8)
+
+
+def linear_paths(model: nn.Module) -> list[str]:
+    """Module paths ``quantize_model`` converts: every ``nn.Linear`` but the LM head,
+    then ``"lm_head"`` (an ``nn.Linear``, or None when tied to the embedding)."""
     lm_head = getattr(model, "lm_head", None)
-    _swap_linears(model, lambda w, b: Fp16Linear(w, b, use_fbgemm, bf16_min_rows, int8),
-                  skip=lm_head)
-    if lm_head is None:  # tied: the head reads the embedding matrix
-        weight, bias = model.tied_embedding(), None  # type: ignore[operator]
-    else:
-        weight, bias = lm_head.weight, lm_head.bias
-    # No bf16 head (see above).
-    model.lm_head = Fp16Linear(weight, bias, use_fbgemm, int8=int8)
+    return [name for name, module in model.named_modules()
+            if isinstance(module, nn.Linear) and module is not lm_head] + ["lm_head"]
+
+
+def set_module(model: nn.Module, path: str, module: nn.Module) -> None:
+    """Replace the submodule at ``path`` (dotted) with ``module``."""
+    parent, _, name = path.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, name, module)
+
+
+def _mark_quantized(model: nn.Module, quantization: str) -> None:
     model.quantization = quantization  # type: ignore[assignment]
     if hasattr(model, "_stack_state"):  # a decode stack built earlier saw the old weights
         model._stack, model._stack_state = None, "unbuilt"
+
+
+@torch.no_grad()
+def quantize_model(model: nn.Module, quantization: str | None,
+                   records: dict[str, dict[str, Tensor]] | None = None,
+                   track: Callable[[list[str]], Iterable[str]] = iter) -> nn.Module:
+    """Convert ``model``'s linear layers (and LM head) in place to ``quantization``.
+
+    The model must expose ``lm_head`` (an ``nn.Linear`` or None when tied) and a
+    ``tied_embedding()`` returning the embedding weight a tied head reads.  A model
+    already in ``quantization`` (e.g. loaded from the weight cache) is left as is.
+    ``records``: filled with each converted layer's record (``convert_linear``) by path,
+    what the weight cache stores.  ``track`` wraps the list of layer paths (progress).
+    """
+    if quantization in (None, "none") or getattr(model, "quantization", None) == quantization:
+        return model
+    fmt = linear_format(quantization)
+    for path in track(linear_paths(model)):
+        if path == "lm_head":
+            head = getattr(model, "lm_head", None)
+            if head is None:  # tied: the head reads the embedding matrix
+                weight, bias = model.tied_embedding(), None  # type: ignore[operator]
+            else:
+                weight, bias = head.weight, head.bias
+            module, record = convert_linear(weight, bias, fmt, head=True)
+        else:
+            linear = model.get_submodule(path)
+            module, record = convert_linear(linear.weight, linear.bias, fmt)
+        set_module(model, path, module)  # the fp32 layer goes now, not after the loop
+        if records is not None:
+            records[path] = record
+    _mark_quantized(model, quantization)
+    return model
+
+
+def apply_linear_records(model: nn.Module, quantization: str,
+                         records: dict[str, dict[str, Tensor]]) -> nn.Module:
+    """``quantize_model`` from the records it produced (the weight cache's warm start):
+    the layers are rebuilt from them, the model's own linear weights are never read
+    (they may be on the meta device).  KeyError if a layer has no record."""
+    fmt = linear_format(quantization)
+    for path in linear_paths(model):
+        set_module(model, path, rebuild_linear(records[path], fmt, head=path == "lm_head"))
+    _mark_quantized(model, quantization)
     return model
