@@ -191,73 +191,52 @@ void panels_scalar(const int16_t* xq, const float* dx, const float* sx, int64_t 
 #define Q8_TMP [w] "+r"(wp), [s] "+r"(s)
 #define Q8_CLOBBER "cc", "memory", "xmm12", "xmm13", "xmm14", "xmm15"
 
-template <int MR>
+// One asm statement per tile height: HEAD1_4 / HEAD5 start a step for up to 4 / 5 rows
+// (int8: only up to 4 rows prefetch), TAIL advances it.  The Q4_1 mask operand is unused
+// by the int8 loop.
+#define Q8_BLOCK(HEAD1_4, HEAD5, TAIL)                                                     \
+  if constexpr (MR == 1) {                                                                 \
+    asm volatile(HEAD1_4 Q8_ROW(0) TAIL                                                    \
+                 : Q8_ACC(0), Q8_TMP                                                       \
+                 : [x0] "r"(xr[0]), [mask] "x"(mask)                                       \
+                 : Q8_CLOBBER);                                                            \
+  } else if constexpr (MR == 2) {                                                          \
+    asm volatile(HEAD1_4 Q8_ROW(0) Q8_ROW(1) TAIL                                          \
+                 : Q8_ACC(0), Q8_ACC(1), Q8_TMP                                            \
+                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), [mask] "x"(mask)                      \
+                 : Q8_CLOBBER);                                                            \
+  } else if constexpr (MR == 3) {                                                          \
+    asm volatile(HEAD1_4 Q8_ROW(0) Q8_ROW(1) Q8_ROW(2) TAIL                                \
+                 : Q8_ACC(0), Q8_ACC(1), Q8_ACC(2), Q8_TMP                                 \
+                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), [x2] "r"(xr[2]), [mask] "x"(mask)     \
+                 : Q8_CLOBBER);                                                            \
+  } else if constexpr (MR == 4) {                                                          \
+    asm volatile(HEAD1_4 Q8_ROW(0) Q8_ROW(1) Q8_ROW(2) Q8_ROW(3) TAIL                      \
+                 : Q8_ACC(0), Q8_ACC(1), Q8_ACC(2), Q8_ACC(3), Q8_TMP                      \
+                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), [x2] "r"(xr[2]), [x3] "r"(xr[3]),     \
+                   [mask] "x"(mask)                                                        \
+                 : Q8_CLOBBER);                                                            \
+  } else {                                                                                 \
+    static_assert(MR == 5, "tile rows: 1..5");                                             \
+    asm volatile(HEAD5 Q8_ROW(0) Q8_ROW(1) Q8_ROW(2) Q8_ROW(3) Q8_ROW(4) TAIL              \
+                 : Q8_ACC(0), Q8_ACC(1), Q8_ACC(2), Q8_ACC(3), Q8_ACC(4), Q8_TMP           \
+                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), [x2] "r"(xr[2]), [x3] "r"(xr[3]),     \
+                   [x4] "r"(xr[4]), [mask] "x"(mask)                                       \
+                 : Q8_CLOBBER);                                                            \
+  }
+
+// One 32-block for MR rows x 16 columns, int8 or Q4_1 weights.
+template <int MR, bool Q4>
 inline void block_int_avx2(const int16_t* const* xr, const uint8_t* wp, __m256i (&a)[MR][2]) {
   int64_t s = 0;
-  if constexpr (MR == 1) {
-    asm volatile(Q8_HEAD_PF Q8_ROW(0) Q8_TAIL
-                 : Q8_ACC(0), Q8_TMP
-                 : [x0] "r"(xr[0])
-                 : Q8_CLOBBER);
-  } else if constexpr (MR == 2) {
-    asm volatile(Q8_HEAD_PF Q8_ROW(0) Q8_ROW(1) Q8_TAIL
-                 : Q8_ACC(0), Q8_ACC(1), Q8_TMP
-                 : [x0] "r"(xr[0]), [x1] "r"(xr[1])
-                 : Q8_CLOBBER);
-  } else if constexpr (MR == 3) {
-    asm volatile(Q8_HEAD_PF Q8_ROW(0) Q8_ROW(1) Q8_ROW(2) Q8_TAIL
-                 : Q8_ACC(0), Q8_ACC(1), Q8_ACC(2), Q8_TMP
-                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), [x2] "r"(xr[2])
-                 : Q8_CLOBBER);
-  } else if constexpr (MR == 4) {
-    asm volatile(Q8_HEAD_PF Q8_ROW(0) Q8_ROW(1) Q8_ROW(2) Q8_ROW(3) Q8_TAIL
-                 : Q8_ACC(0), Q8_ACC(1), Q8_ACC(2), Q8_ACC(3), Q8_TMP
-                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), [x2] "r"(xr[2]), [x3] "r"(xr[3])
-                 : Q8_CLOBBER);
-  } else {
-    static_assert(MR == 5, "tile rows: 1..5");
-    asm volatile(Q8_HEAD Q8_ROW(0) Q8_ROW(1) Q8_ROW(2) Q8_ROW(3) Q8_ROW(4) Q8_TAIL
-                 : Q8_ACC(0), Q8_ACC(1), Q8_ACC(2), Q8_ACC(3), Q8_ACC(4), Q8_TMP
-                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), [x2] "r"(xr[2]), [x3] "r"(xr[3]),
-                   [x4] "r"(xr[4])
-                 : Q8_CLOBBER);
-  }
-}
-
-template <int MR>
-inline void block_int_q4_avx2(const int16_t* const* xr, const uint8_t* wp, __m256i (&a)[MR][2]) {
-  int64_t s = 0;
   const __m256i mask = _mm256_set1_epi16(15);
-  if constexpr (MR == 1) {
-    asm volatile(Q4_HEAD Q8_ROW(0) Q4_TAIL
-                 : Q8_ACC(0), Q8_TMP
-                 : [x0] "r"(xr[0]), [mask] "x"(mask)
-                 : Q8_CLOBBER);
-  } else if constexpr (MR == 2) {
-    asm volatile(Q4_HEAD Q8_ROW(0) Q8_ROW(1) Q4_TAIL
-                 : Q8_ACC(0), Q8_ACC(1), Q8_TMP
-                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), [mask] "x"(mask)
-                 : Q8_CLOBBER);
-  } else if constexpr (MR == 3) {
-    asm volatile(Q4_HEAD Q8_ROW(0) Q8_ROW(1) Q8_ROW(2) Q4_TAIL
-                 : Q8_ACC(0), Q8_ACC(1), Q8_ACC(2), Q8_TMP
-                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), [x2] "r"(xr[2]), [mask] "x"(mask)
-                 : Q8_CLOBBER);
-  } else if constexpr (MR == 4) {
-    asm volatile(Q4_HEAD Q8_ROW(0) Q8_ROW(1) Q8_ROW(2) Q8_ROW(3) Q4_TAIL
-                 : Q8_ACC(0), Q8_ACC(1), Q8_ACC(2), Q8_ACC(3), Q8_TMP
-                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), [x2] "r"(xr[2]), [x3] "r"(xr[3]),
-                   [mask] "x"(mask)
-                 : Q8_CLOBBER);
+  if constexpr (Q4) {
+    Q8_BLOCK(Q4_HEAD, Q4_HEAD, Q4_TAIL)
   } else {
-    static_assert(MR == 5, "tile rows: 1..5");
-    asm volatile(Q4_HEAD Q8_ROW(0) Q8_ROW(1) Q8_ROW(2) Q8_ROW(3) Q8_ROW(4) Q4_TAIL
-                 : Q8_ACC(0), Q8_ACC(1), Q8_ACC(2), Q8_ACC(3), Q8_ACC(4), Q8_TMP
-                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), [x2] "r"(xr[2]), [x3] "r"(xr[3]),
-                   [x4] "r"(xr[4]), [mask] "x"(mask)
-                 : Q8_CLOBBER);
+    Q8_BLOCK(Q8_HEAD_PF, Q8_HEAD, Q8_TAIL)
   }
 }
+#undef Q8_BLOCK
 #undef Q8_HEAD
 #undef Q4_HEAD
 #undef Q4_TAIL
@@ -284,7 +263,7 @@ void tile_avx2(const int16_t* xq, const float* dx, const float* sx, int64_t K, c
     }
     if constexpr (KIND == Kind::Q4) {
       const uint8_t* blk = w + j * kQ4BlockBytes;
-      block_int_q4_avx2<MR>(xr, blk, a);
+      block_int_avx2<MR, true>(xr, blk, a);
       const __m128i* hp = reinterpret_cast<const __m128i*>(blk + kQ4ScaleOffset);
       const __m256 dw0 = _mm256_cvtph_ps(_mm_loadu_si128(hp)), dw1 = _mm256_cvtph_ps(_mm_loadu_si128(hp + 1));
       const __m256 mw0 = _mm256_cvtph_ps(_mm_loadu_si128(hp + 2)), mw1 = _mm256_cvtph_ps(_mm_loadu_si128(hp + 3));
@@ -298,7 +277,7 @@ void tile_avx2(const int16_t* xq, const float* dx, const float* sx, int64_t K, c
       }
     } else {
       const uint8_t* blk = w + j * block_bytes_of(KIND);
-      block_int_avx2<MR>(xr, blk, a);
+      block_int_avx2<MR, false>(xr, blk, a);
       const float* dwp = reinterpret_cast<const float*>(blk + kScaleOffset);
       const __m256 dw0 = _mm256_loadu_ps(dwp), dw1 = _mm256_loadu_ps(dwp + 8);
       for (int m = 0; m < MR; ++m) {
