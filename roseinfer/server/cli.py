@@ -1,4 +1,5 @@
-"""``roseinfer serve``: load the model, start the engine loop and run uvicorn.
+"""``roseinfer serve``: load the model, start the engine loop and run uvicorn
+(or, with ``--ray``, N engine replicas behind Ray Serve: ``roseinfer.ray_serve``).
 
 SIGTERM / Ctrl-C: uvicorn stops accepting connections, lets in-flight requests
 finish for up to ``--graceful-timeout`` seconds, then the lifespan shuts the
@@ -11,9 +12,11 @@ subcommands do not pay for them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,6 +56,14 @@ def register(subparsers: Any) -> None:
                    help="do not serve the web UI (chat + engine dashboard) at /")
     g.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
+    r = p.add_argument_group("replicas on Ray Serve (needs the 'ray' extra)")
+    r.add_argument("--ray", action="store_true",
+                   help="serve --num-replicas engines behind one endpoint with Ray Serve")
+    r.add_argument("--num-replicas", type=int, default=2, help="engine replicas (with --ray)")
+    r.add_argument("--routing", default="prefix", choices=["prefix", "round_robin"],
+                   help="prefix: send a prompt where its prefix is cached (load permitting)")
+    r.add_argument("--ray-address", default=None,
+                   help="join this Ray cluster (default: $RAY_ADDRESS, else a local one)")
     p.set_defaults(func=cmd_serve)
 
 
@@ -120,6 +131,8 @@ def run_server(async_engine: AsyncEngine, settings: ServerSettings, host: str, p
 
 def cmd_serve(args: argparse.Namespace) -> int:
     _setup_logging(args.log_level)
+    if args.ray:
+        return _serve_on_ray(args)
     from roseinfer.engine.async_engine import AsyncEngine
     from roseinfer.engine.engine import LLMEngine
     from roseinfer.runner.model_runner import kv_bytes_per_block
@@ -156,3 +169,39 @@ def cmd_serve(args: argparse.Namespace) -> int:
         logger.info("web UI (chat + engine dashboard) at http://%s:%d/", args.host, args.port)
     return run_server(async_engine, settings, args.host, args.port, args.graceful_timeout,
                       args.log_level)
+
+
+def _serve_on_ray(args: argparse.Namespace) -> int:
+    """``--ray``: N engine replicas behind Ray Serve (``roseinfer.ray_serve``).
+
+    Each replica runs ``--num-threads`` torch threads (default: this machine's cores
+    shared out) and reserves as many Ray CPUs. The web UI is not served (each replica
+    would show only its own engine).
+    """
+    from roseinfer.ray_serve import require_ray
+
+    if args.num_replicas < 1:
+        raise ValueError(f"--num-replicas must be >= 1, got {args.num_replicas}")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = args.num_threads or max(1, (cores or 1) // args.num_replicas)
+    local = args.ray_address is None and not os.environ.get("RAY_ADDRESS")
+    if local and args.num_replicas * threads > (os.cpu_count() or 1):
+        raise ValueError(f"{args.num_replicas} replicas x {threads} threads need "
+                         f"{args.num_replicas * threads} CPUs; this machine has "
+                         f"{os.cpu_count()}: lower --num-replicas or --num-threads")
+    try:
+        require_ray()
+    except ImportError as exc:
+        print(f"roseinfer: error: {exc}", file=sys.stderr)
+        return 2
+    from roseinfer.ray_serve.app import serve_forever
+    from roseinfer.ray_serve.options import ServeOptions
+
+    config = dataclasses.replace(engine_config_from_args(args), num_threads=threads)
+    options = ServeOptions(
+        num_replicas=args.num_replicas, routing=args.routing, replica_cpus=float(threads),
+        served_model_names=tuple(args.served_model_name or (default_model_name(args.model),)),
+        api_key=args.api_key, max_waiting_requests=args.max_waiting_requests,
+        max_body_bytes=args.max_body_bytes, log_stats_interval=args.log_stats_interval,
+        warmup=args.warmup)
+    return serve_forever(config, options, args.host, args.port, args.ray_address)
