@@ -39,6 +39,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-weight-cache", dest="weight_cache", action="store_false", default=None,
                    help="do not read or write the converted-weights cache ($ROSEINFER_CACHE_DIR, "
                         "default ~/.cache/roseinfer; $ROSEINFER_WEIGHT_CACHE=0 also disables it)")
+    g.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                   help="split the model over N processes (this one and N-1 spawned "
+                        "workers; gloo on CPU, NCCL on CUDA); threads per rank default to "
+                        "the cores / N")
+    g.add_argument("--distributed-init-method", default=None, metavar="tcp://HOST:PORT",
+                   help="where the tensor-parallel ranks meet (default: 127.0.0.1, a free "
+                        "port)")
     g.add_argument("--speculative-config", default=None, metavar="JSON",
                    help="n-gram speculative decoding (off by default), vLLM's JSON: "
                         "'{\"method\": \"ngram\", \"num_speculative_tokens\": 8, "
@@ -56,6 +63,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         seed=args.seed if args.seed is not None else 0,
         speculative_config=getattr(args, "speculative_config", None),
         weight_cache=getattr(args, "weight_cache", None),
+        tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
+        distributed_init_method=getattr(args, "distributed_init_method", None),
     )
 
 
@@ -119,22 +128,23 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from roseinfer.llm import LLM
 
     params = _sampling_params(args)
-    llm = LLM.from_engine(_build_engine(args))
-    prompts = [llm.render_chat([{"role": "user", "content": p}]) if args.chat else p
-               for p in args.prompt]
-    if args.stream:
-        for i, prompt in enumerate(prompts):
+    with LLM.from_engine(_build_engine(args)) as llm:  # stops tensor-parallel workers
+        prompts = [llm.render_chat([{"role": "user", "content": p}]) if args.chat else p
+                   for p in args.prompt]
+        if args.stream:
+            for i, prompt in enumerate(prompts):
+                if len(prompts) > 1:
+                    print(f"--- [{i}] {args.prompt[i]!r}")
+                for delta in llm.stream(prompt, params):
+                    print(delta, end="", flush=True)
+                print()
+            return 0
+        for i, out in enumerate(llm.generate(prompts, params)):
+            c = out.outputs[0]
             if len(prompts) > 1:
-                print(f"--- [{i}] {args.prompt[i]!r}")
-            for delta in llm.stream(prompt, params):
-                print(delta, end="", flush=True)
-            print()
-        return 0
-    for i, out in enumerate(llm.generate(prompts, params)):
-        c = out.outputs[0]
-        if len(prompts) > 1:
-            print(f"--- [{i}] {args.prompt[i]!r} ({len(c.token_ids)} tokens, {c.finish_reason})")
-        print(c.text)
+                print(f"--- [{i}] {args.prompt[i]!r} ({len(c.token_ids)} tokens, "
+                      f"{c.finish_reason})")
+            print(c.text)
     return 0
 
 
@@ -142,10 +152,15 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from roseinfer.llm import LLM
 
     params = _sampling_params(args)
-    llm = LLM.from_engine(_build_engine(args))
+    with LLM.from_engine(_build_engine(args)) as llm:  # stops tensor-parallel workers
+        _chat_loop(llm, params, args.system)
+    return 0
+
+
+def _chat_loop(llm, params, system: str | None) -> None:  # noqa: ANN001
     messages: list[dict[str, str]] = []
-    if args.system:
-        messages.append({"role": "system", "content": args.system})
+    if system:
+        messages.append({"role": "system", "content": system})
     print("roseinfer chat — empty line or Ctrl-D to quit", file=sys.stderr)
     while True:
         try:
@@ -161,7 +176,6 @@ def cmd_chat(args: argparse.Namespace) -> int:
             print(delta, end="", flush=True)
         print()
         messages.append({"role": "assistant", "content": "".join(reply)})
-    return 0
 
 
 def _build_engine(args: argparse.Namespace):  # noqa: ANN202

@@ -53,6 +53,15 @@ class EngineConfig:
     # tokenizer) under $ROSEINFER_CACHE_DIR (~/.cache/roseinfer) so later starts skip the
     # conversion. None = on unless $ROSEINFER_WEIGHT_CACHE=0; False = off.
     weight_cache: bool | None = None
+    # Tensor parallelism (README, Tensor parallel; roseinfer/distributed): the model's
+    # heads, MLP channels and vocabulary split over this many processes (rank 0 = this
+    # one, ranks 1.. spawned), gloo on CPU, NCCL on CUDA (cuda:<index + rank>).
+    tensor_parallel_size: int = 1
+    # Rendezvous of the ranks: None = 127.0.0.1 on a free port; or "tcp://host:port"
+    # (rank 0 listens there; every rank runs on this host).
+    distributed_init_method: str | None = None
+    # Bound on one collective: a rank that does not answer in time fails the engine.
+    distributed_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
@@ -86,9 +95,23 @@ class EngineConfig:
         if self.weight_cache not in (None, True, False):
             raise ValueError(f"EngineConfig.weight_cache must be None or a bool, got "
                              f"{self.weight_cache!r}")
+        self._check_distributed()
         # Normalised once, at construction: validated, and a dict never kept.
         object.__setattr__(self, "speculative_config",
                            SpeculativeConfig.coerce(self.speculative_config))
+
+    def _check_distributed(self) -> None:
+        size = self.tensor_parallel_size
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ValueError(f"EngineConfig.tensor_parallel_size must be an int >= 1, got {size!r}")
+        method = self.distributed_init_method
+        if method is not None:
+            parse_init_method(method)  # ValueError naming the field
+        timeout = self.distributed_timeout_s
+        if (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
+                or not 0 < timeout <= 86400):
+            raise ValueError("EngineConfig.distributed_timeout_s must be a number of seconds "
+                             f"in (0, 86400], got {timeout!r}")
 
     def resolved_quantization(self, device_type: str) -> str:
         """The weight format actually used on a device of this type ("cpu", "cuda")."""
@@ -105,9 +128,29 @@ class EngineConfig:
         return "float16" if self.resolved_quantization(device_type) != "none" else self.dtype
 
     def resolved_num_threads(self) -> int:
+        """Torch threads of each process: ``num_threads``, else the usable cores shared
+        by the ``tensor_parallel_size`` ranks (at least 1 each)."""
         if self.num_threads is not None:
             return self.num_threads
         try:
-            return max(1, len(os.sched_getaffinity(0)))
+            cores = len(os.sched_getaffinity(0))
         except AttributeError:  # pragma: no cover - non-Linux
-            return max(1, os.cpu_count() or 1)
+            cores = os.cpu_count() or 1
+        return max(1, cores // self.tensor_parallel_size)
+
+
+def parse_init_method(method: str) -> tuple[str, int]:
+    """(host, port) of a ``tcp://host:port`` rendezvous address; ValueError otherwise."""
+    from urllib.parse import urlsplit
+
+    why = "EngineConfig.distributed_init_method must be 'tcp://host:port'"
+    if not isinstance(method, str):
+        raise ValueError(f"{why}, got {method!r}")
+    try:
+        parts = urlsplit(method)
+        port = parts.port
+    except ValueError:
+        raise ValueError(f"{why}, got {method!r}") from None
+    if parts.scheme != "tcp" or not parts.hostname or port is None or parts.path not in ("", "/"):
+        raise ValueError(f"{why}, got {method!r}")
+    return parts.hostname, port

@@ -37,7 +37,8 @@ class LLM:
     """Offline inference: ``LLM(model=None, **engine_options)``.
 
     ``model`` is an HF directory, a .gguf or a .pt file; None serves the bundled
-    SmolLM2-135M-Instruct. Engine options are the fields of ``EngineConfig``.
+    SmolLM2-135M-Instruct. Engine options are the fields of ``EngineConfig``
+    (``tensor_parallel_size=2`` splits the model over two processes).
     """
 
     def __init__(self, model: str | None = None, **engine_options: Any) -> None:
@@ -48,6 +49,17 @@ class LLM:
         llm = cls.__new__(cls)
         llm.engine = engine
         return llm
+
+    def shutdown(self) -> None:
+        """Stop the engine's worker processes (``tensor_parallel_size`` > 1); idempotent.
+        Also done when the engine is collected or at exit, and by ``with LLM(...)``."""
+        self.engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
 
     @property
     def tokenizer(self):  # noqa: ANN201 - the model's Tokenizer (or None)

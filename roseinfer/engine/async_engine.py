@@ -18,7 +18,9 @@ Threading model
   receives an ``EngineStepError``, and all requests are aborted so their blocks
   return to the pool. If even that fails, the pool does not come back whole, or the
   model cannot run at all (``ModelFailedError``), the engine is marked dead:
-  ``healthy`` turns False and new requests get ``EngineDeadError``.
+  ``healthy`` turns False and new requests get ``EngineDeadError``.  So does a failure
+  the engine notices between steps (``LLMEngine.failure``: a tensor-parallel worker
+  that exited while idle); ``shutdown`` also stops the engine's worker processes.
 * Admission counts sequences (prompts x n): a submission is queued whole or not at
   all (``QueueFullError``), and one larger than the whole bound is refused
   (``RequestTooLargeError``).
@@ -143,21 +145,27 @@ class AsyncEngine:
             self._thread.start()
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        """Stop the loop; requests still in flight end with ``EngineDeadError``."""
+        """Stop the loop; requests still in flight end with ``EngineDeadError``.  Then the
+        engine's processes (tensor-parallel workers) stop: with a message if the loop has
+        ended, else (a step outlived ``timeout``) killed, which ends that step."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout)
+        self.engine.shutdown()
 
     @property
     def healthy(self) -> bool:
         alive = self._thread is not None and self._thread.is_alive()
-        return alive and self._dead is None and not self._stopping
+        return (alive and self._dead is None and not self._stopping
+                and self.engine.failure is None)
 
     @property
     def dead_reason(self) -> BaseException | None:
-        return self._dead
+        """Why the engine cannot serve: the loop's fatal error, or what the engine noticed
+        between steps (a tensor-parallel worker that exited)."""
+        return self._dead or self.engine.failure
 
     def add_observer(self, observer: StepObserver) -> None:
         self._observers.append(observer)
@@ -185,6 +193,9 @@ class AsyncEngine:
             raise RequestTooLargeError(
                 f"this request has {size} sequences (prompts x n) but the waiting queue "
                 f"holds at most {limit}")
+        failure = self.engine.failure
+        if failure is not None:
+            raise EngineDeadError(f"the engine cannot run: {type(failure).__name__}: {failure}")
         with self._cond:
             if self._dead is not None or self._stopping or self._thread is None:
                 raise EngineDeadError("the engine is not running")

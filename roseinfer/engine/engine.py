@@ -13,6 +13,9 @@ A request with ``n > 1`` runs as n sequences that share the prompt's KV blocks
 through the prefix cache; its outputs are grouped back under one request id.
 With ``speculative_config``, decoding requests draft tokens by n-gram lookup
 (``roseinfer.engine.spec_decode``) and a step may give a request several tokens.
+With ``tensor_parallel_size`` > 1 the runner is rank 0 of a tensor-parallel group
+(``roseinfer.distributed``, built by ``runner_setup``): same ``execute``, workers
+stopped by ``shutdown()``; any failure there is fatal (``ModelFailedError``).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from roseinfer.engine.fault_isolation import describe, run_isolated
 from roseinfer.engine.logprobs import LogprobBuilder
 from roseinfer.engine.request import Request, RequestStatus
 from roseinfer.engine.request_group import RequestGroup
+from roseinfer.engine.runner_setup import build_runner
 from roseinfer.engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from roseinfer.engine.spec_decode import SpecDecoding
 from roseinfer.engine.stats import EngineStats
@@ -39,7 +43,7 @@ from roseinfer.engine.structured import GrammarCompiler, StructuredDecoding
 from roseinfer.engine.validation import InvalidRequestError, RequestValidator
 from roseinfer.model.config import ModelConfig
 from roseinfer.outputs import RequestMetrics, RequestOutput
-from roseinfer.runner.model_runner import ModelRunner, StepLogits, kv_bytes_per_block
+from roseinfer.runner.model_runner import StepLogits
 from roseinfer.runner.sampler import Sampler
 from roseinfer.sampling_params import SamplingParams
 from roseinfer.speculative_config import SpeculativeConfig
@@ -70,38 +74,21 @@ class LLMEngine:
         self.device = resolve_device(config.device)
         self.dtype = _TORCH_DTYPES[config.dtype]
         self.quantization = config.resolved_quantization(self.device.type)
-        if model is None:
-            from roseinfer.model.factory import load_model
-
-            # Converted to self.quantization, through the weight cache (README, Startup).
-            model, model_config, source = load_model(config.model, self.dtype, self.device,
-                                                     self.quantization, config.weight_cache)
-            tokenizer = tokenizer or Tokenizer.from_model_path(source, config.weight_cache)
-        elif model_config is None:
-            raise ValueError("model_config is required when a model object is given")
-        assert model_config is not None
-        if self.quantization != "none":
-            from roseinfer.model.quantize import quantize_model
-
-            quantize_model(model, self.quantization)  # no-op when load_model converted it
         self.kv_dtype = _TORCH_DTYPES[config.resolved_kv_cache_dtype(self.device.type)]
+        block_size = config.block_size
+        self.runner, model_config, tokenizer = build_runner(
+            config, self.device, self.dtype, self.quantization, self.kv_dtype, model,
+            model_config, tokenizer)
+        num_blocks = self.runner.num_blocks
         self.model_config = model_config
         self.tokenizer = tokenizer
 
-        block_size = config.block_size
-        if config.num_kv_blocks is not None:
-            num_blocks = config.num_kv_blocks
-        else:
-            per_block = kv_bytes_per_block(model_config, block_size, self.kv_dtype)
-            num_blocks = max(1, int(config.kv_cache_memory_gb * (1 << 30)) // per_block)
         capacity = num_blocks * block_size
         self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
                                  model_config.max_position_embeddings, capacity)
         self.block_manager = BlockManager(num_blocks, block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
                                    config.max_num_batched_tokens, self.max_model_len)
-        self.runner = ModelRunner(model, model_config, num_blocks, block_size, self.kv_dtype,
-                                  self.device)
         unseeded_rng = torch.Generator(device=self.device)
         unseeded_rng.manual_seed(config.seed)
         self.sampler = Sampler(unseeded_rng)  # RNG of requests without their own seed
@@ -124,6 +111,18 @@ class LLMEngine:
         self._counter = 0
         self._checked_params: SamplingParams | None = None  # the last params that passed
         self.stats = EngineStats(num_total_blocks=num_blocks)
+
+    @property
+    def failure(self) -> BaseException | None:
+        """Why the model can no longer run, noticed between steps (a tensor-parallel
+        worker that exited); None while it can.  Safe from any thread."""
+        return self.runner.failure
+
+    def shutdown(self) -> None:
+        """Release the runner's processes (tensor-parallel workers); idempotent, also
+        done when the engine is collected or the interpreter exits.  Steps after it
+        fail with ``ModelFailedError``."""
+        self.runner.shutdown()
 
     # -------------------------------------------------------------- requests
     def next_request_id(self) -> str:

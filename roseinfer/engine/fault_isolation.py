@@ -6,7 +6,9 @@ slots) until it has the smallest set of chunks that fail on their own, then runs
 the rest again as one batch. Those culprits fail alone; the others carry on with
 outputs as if nothing had happened. If every chunk fails on its own, a one-token
 probe tells a broken model (``ModelFailedError``: the engine cannot serve) from
-requests that are each bad.
+requests that are each bad.  A ``ModelFailedError`` raised by the runner itself (a
+tensor-parallel step: the ranks are out of step after any failure) is never bisected
+or retried: it goes straight up.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ Execute = Callable[[list[ScheduledRequest]], StepLogits]
 
 
 class ModelFailedError(RuntimeError):
-    """The model itself cannot run (a one-token probe failed): no request can be served."""
+    """The model itself cannot run (a one-token probe failed, or the runner says so, e.g.
+    a tensor-parallel worker died): no request can be served."""
 
 
 def describe(exc: BaseException) -> str:
@@ -45,6 +48,8 @@ def run_isolated(
     """
     try:
         return scheduled, execute(scheduled), {}
+    except ModelFailedError:
+        raise  # the runner says the model cannot run (a dead tensor-parallel rank): no retry
     except Exception as exc:  # noqa: BLE001 - isolated below
         first_error = exc
     logger.warning("step forward failed (%s); isolating the request(s) at fault",
@@ -69,6 +74,8 @@ def _bisect(execute: Execute, indices: list[int], scheduled: Sequence[ScheduledR
     for half in (indices[:mid], indices[mid:]):
         try:
             execute([scheduled[i] for i in half])
+        except ModelFailedError:
+            raise
         except Exception as exc:  # noqa: BLE001 - narrowed down recursively
             failed.update(_bisect(execute, half, scheduled, exc))
     return failed

@@ -6,7 +6,8 @@ The stack shares the model's tensors (norm weights, fp32 linear weights) or its
 prepacked fp16 kernels, so it costs no extra weight memory and sees weight reloads.
 Anything it does not cover returns None and the model keeps its per-layer path
 (``stack_unsupported_reason`` names why: the stack has no sliding window, soft-capping,
-q/k norm, partial rotary, other attention scale, per-layer rope or non-Llama layers).
+q/k norm, partial rotary, other attention scale, per-layer rope, non-Llama layers or
+the all-reduces of a tensor-parallel shard).
 Rope scaling (llama3, linear, longrope) is only in the cos/sin table it is handed, so
 Llama 3.x and full-rotary Phi-3 keep the stack.
 """
@@ -39,6 +40,7 @@ def stack_unsupported_reason(model: Any) -> str | None:
     cfg = model.config
     checks = (
         (not getattr(model, "supports_decode_stack", False), f"{cfg.architecture} layers"),
+        (getattr(model, "tensor_parallel", None) is not None, "tensor-parallel collectives"),
         (cfg.hidden_act not in ("silu", "swish"), f"activation {cfg.hidden_act}"),
         (cfg.qk_norm, "q/k norms"),
         (cfg.sliding_window is not None, "sliding-window attention"),

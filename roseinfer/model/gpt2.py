@@ -34,19 +34,20 @@ class GPT2Attention(nn.Module):
         super().__init__()
         self.num_heads = config.num_heads
         self.head_dim = config.head_dim
-        self.hidden_size = config.hidden_size
+        # H * Dh: the hidden size, or this rank's heads under tensor parallelism.
+        self.qkv_size = config.num_heads * config.head_dim
         self.scale = self.head_dim**-0.5
-        self.c_attn = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=True)
-        self.c_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=True)
+        self.c_attn = nn.Linear(config.hidden_size, 3 * self.qkv_size, bias=True)
+        self.c_proj = nn.Linear(self.qkv_size, config.hidden_size, bias=True)
 
     def forward(self, x: Tensor, kv_cache: Tensor, meta: AttentionMetadata) -> Tensor:
-        qkv = self.c_attn(x)  # [T, 3 * hidden]
-        q, k, v = qkv.split(self.hidden_size, dim=-1)  # [T, hidden] each
+        qkv = self.c_attn(x)  # [T, 3 * H * Dh]
+        q, k, v = qkv.split(self.qkv_size, dim=-1)  # [T, H * Dh] each
         q = q.view(-1, self.num_heads, self.head_dim)  # [T, H, Dh]
         k = k.view(-1, self.num_heads, self.head_dim)  # [T, H, Dh]
         v = v.view(-1, self.num_heads, self.head_dim)  # [T, H, Dh]
         out = paged_attention(q, k, v, kv_cache, meta, self.scale)  # [T, H, Dh]
-        return self.c_proj(out.reshape(-1, self.hidden_size))  # [T, hidden]
+        return self.c_proj(out.reshape(-1, self.qkv_size))  # [T, hidden]
 
 
 class GPT2MLP(nn.Module):

