@@ -46,6 +46,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--distributed-init-method", default=None, metavar="tcp://HOST:PORT",
                    help="where the tensor-parallel ranks meet (default: 127.0.0.1, a free "
                         "port)")
+    g.add_argument("--distributed-local-workers", type=int, default=None, metavar="K",
+                   help="start only ranks 1..K here; ranks K+1..N-1 join from other hosts "
+                        "with `roseinfer tp-worker` (needs --distributed-init-method)")
     g.add_argument("--speculative-config", default=None, metavar="JSON",
                    help="n-gram speculative decoding (off by default), vLLM's JSON: "
                         "'{\"method\": \"ngram\", \"num_speculative_tokens\": 8, "
@@ -65,6 +68,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         weight_cache=getattr(args, "weight_cache", None),
         tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
         distributed_init_method=getattr(args, "distributed_init_method", None),
+        distributed_local_workers=getattr(args, "distributed_local_workers", None),
     )
 
 
@@ -203,9 +207,35 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_args(chat)
     chat.set_defaults(func=cmd_chat, max_tokens=256)
 
+    worker = sub.add_parser(
+        "tp-worker", help="join a tensor-parallel group from another host (a rank > 0)",
+        description="Run one tensor-parallel rank for an engine started elsewhere with "
+                    "--tensor-parallel-size N --distributed-local-workers K "
+                    "--distributed-init-method tcp://HOST:PORT: ranks K+1..N-1 are started "
+                    "this way. The model path of rank 0 must exist on this host too.")
+    worker.add_argument("--distributed-init-method", required=True, metavar="tcp://HOST:PORT",
+                        help="rank 0's address")
+    worker.add_argument("--rank", type=int, required=True, help="this worker's rank (>= 1)")
+    worker.add_argument("--host", default=None,
+                        help="this host's address for the group (default: the one on the "
+                             "route to rank 0)")
+    worker.add_argument("--num-threads", type=int, default=None,
+                        help="torch threads (default: rank 0's threads per rank)")
+    worker.set_defaults(func=cmd_tp_worker)
+
     for register in _extra_commands():
         register(sub)
     return parser
+
+
+def cmd_tp_worker(args: argparse.Namespace) -> int:
+    from roseinfer.config import parse_init_method
+    from roseinfer.distributed.worker import join_main
+
+    parse_init_method(args.distributed_init_method)  # ValueError naming the option
+    if args.rank < 1:
+        raise ValueError(f"--rank must be >= 1 (rank 0 is the engine), got {args.rank}")
+    return join_main(args.distributed_init_method, args.rank, args.host, args.num_threads)
 
 
 def _extra_commands() -> list:

@@ -62,6 +62,10 @@ class EngineConfig:
     distributed_init_method: str | None = None
     # Bound on one collective: a rank that does not answer in time fails the engine.
     distributed_timeout_s: float = 60.0
+    # Worker ranks this process starts itself (ranks 1..k); the others (k+1..N-1) join
+    # from other hosts with `roseinfer tp-worker --distributed-init-method tcp://HOST:PORT
+    # --rank R`. None = every worker rank here.
+    distributed_local_workers: int | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
@@ -107,6 +111,15 @@ class EngineConfig:
         method = self.distributed_init_method
         if method is not None:
             parse_init_method(method)  # ValueError naming the field
+        local = self.distributed_local_workers
+        if local is not None and (not isinstance(local, int) or isinstance(local, bool)
+                                  or not 0 <= local <= size - 1):
+            raise ValueError("EngineConfig.distributed_local_workers must be None or an int in "
+                             f"[0, tensor_parallel_size - 1 = {size - 1}], got {local!r}")
+        if local is not None and local < size - 1 and method is None:
+            raise ValueError("EngineConfig.distributed_init_method is required when ranks join "
+                             "from other hosts (distributed_local_workers < "
+                             "tensor_parallel_size - 1): they need rank 0's address")
         timeout = self.distributed_timeout_s
         if (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
                 or not 0 < timeout <= 86400):

@@ -69,17 +69,32 @@ class Rendezvous:
                              timeout=datetime.timedelta(seconds=timeout_s))
 
 
+def local_address_towards(host: str, port: int) -> str:
+    """This host's address on the route to ``host`` (a worker joining from another
+    host listens there); loopback stays loopback."""
+    import socket
+
+    if host in ("127.0.0.1", "localhost", "::1"):
+        return host
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # no packet is sent
+        probe.connect((host, port))
+        return probe.getsockname()[0]
+
+
 class Communicator:
     """One rank's view of the tensor-parallel group (all collectives go through it)."""
 
     def __init__(self, store: dist.Store, rendezvous: Rendezvous, rank: int, size: int,
-                 device: torch.device, timeout_s: float) -> None:
+                 device: torch.device, timeout_s: float, bind_host: str | None = None) -> None:
+        """``bind_host``: the address this rank's gloo pairs listen on (default: the
+        rendezvous host, which is this host for rank 0 and the workers it spawns)."""
         self.rank, self.size, self.device = rank, size, device
         self.store = store  # kept alive: rank 0 serves it
         timeout = datetime.timedelta(seconds=timeout_s)
         opts = dist.ProcessGroupGloo._Options()
         opts._timeout = timeout
-        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=rendezvous.host)]
+        opts._devices = [dist.ProcessGroupGloo.create_device(
+            hostname=bind_host or rendezvous.host)]
         self.cpu = dist.ProcessGroupGloo(dist.PrefixStore("tp/cpu", store), rank, size, opts)
         self.dev: dist.ProcessGroup = self.cpu
         if device.type == "cuda":

@@ -6,7 +6,11 @@ behind by a normal exit).  ``wait_ready`` polls rank 0's store for each worker's
 ``RuntimeError``) while checking that the processes live, then sets ``go`` so every
 rank joins the process groups together.
 
-Liveness is read from the processes' sentinels (``multiprocessing.connection.wait``
+Ranks above ``num_local`` join from other hosts (``worker.join_main``): the pool
+waits for their ``ready/<rank>`` too, but sees their death only through the
+collectives (a closed socket at once, a silent host after ``distributed_timeout_s``).
+
+Liveness of the local workers is read from the processes' sentinels (``multiprocessing.connection.wait``
 with no timeout): a few microseconds, from any thread; only a worker already gone is
 reaped (for its exit code).
 
@@ -50,15 +54,19 @@ class _PoolState:
 class WorkerPool:
     def __init__(self, procs: list[BaseProcess]) -> None:
         self.state = _PoolState(procs, threading.Lock())
+        self.size = len(procs) + 1  # ranks in all, remote ones included
         self._finalizer = weakref.finalize(self, _close, self.state)
 
     @classmethod
-    def spawn(cls, spec: WorkerSpec) -> WorkerPool:
+    def spawn(cls, spec: WorkerSpec, num_local: int) -> WorkerPool:
+        """Start ranks 1..``num_local`` here; the ranks above join from other hosts
+        (``roseinfer tp-worker``), seen only through the store and the collectives."""
         ctx = mp.get_context("spawn")
         procs = [ctx.Process(target=worker_main, args=(spec, rank), daemon=True,
                              name=f"roseinfer-tp-rank-{rank}")
-                 for rank in range(1, spec.plan.size)]
+                 for rank in range(1, num_local + 1)]
         pool = cls([])
+        pool.size = spec.plan.size
         for p in procs:
             p.start()
             pool.state.procs.append(p)
@@ -91,7 +99,7 @@ class WorkerPool:
     def wait_ready(self, store: dist.Store, timeout_s: float) -> None:
         """Until every worker has loaded its shard; then let all ranks join the groups."""
         deadline = time.monotonic() + timeout_s
-        waiting = set(range(1, len(self.state.procs) + 1))
+        waiting = set(range(1, self.size))
         while waiting:
             for rank in sorted(waiting):
                 if store.check([f"error/{rank}"]):
@@ -129,7 +137,8 @@ def _close(state: _PoolState) -> None:
     state.closed = True
     procs = state.procs
     stopped = False
-    alive = not wait([p.sentinel for p in procs], timeout=0) if procs else False
+    # Every local worker alive (remote ranks are assumed to be: STOP reaches them too).
+    alive = not wait([p.sentinel for p in procs], timeout=0) if procs else True
     if state.stop is not None and state.healthy and alive and state.lock.acquire(timeout=2):
         try:
             state.stop()

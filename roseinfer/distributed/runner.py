@@ -7,8 +7,10 @@
    a ``ValueError`` before any process starts;
 2. sizes the KV pool from rank 0's shard (it has the most KV heads, so the largest
    blocks) and ``kv_cache_memory_gb`` (a per-rank budget) or ``num_kv_blocks``;
-3. starts rank 0's TCPStore and spawns ranks 1..N-1 (``pool``), loads shard 0 while
-   they load theirs, waits until all are ready, joins the process groups.
+3. starts rank 0's TCPStore, publishes the workers' spec in it, spawns ranks 1..N-1
+   (``pool``; or the first ``distributed_local_workers`` of them, the others joining
+   from other hosts with ``roseinfer tp-worker``), loads shard 0 while they load
+   theirs, waits until all are ready, joins the process groups.
 
 ``execute(scheduled)`` lays the step out exactly as ``ModelRunner`` does
 (``layout_step``), broadcasts it, runs shard 0 and returns the gathered logits as
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 from pathlib import Path
 
 import torch
@@ -78,7 +81,9 @@ class TensorParallelRunner:
             block_size=config.block_size, num_blocks=num_blocks,
             num_threads=config.resolved_num_threads(), timeout_s=config.distributed_timeout_s,
             parent_pid=os.getpid())
-        pool = WorkerPool.spawn(spec)
+        store.set("tp/spec", pickle.dumps(spec))  # for ranks joining from other hosts
+        local = config.distributed_local_workers
+        pool = WorkerPool.spawn(spec, size - 1 if local is None else local)
         try:
             model = load_shard(config.model, plan, 0, dtype, device, quantization)
             pool.wait_ready(store, STARTUP_TIMEOUT_S)

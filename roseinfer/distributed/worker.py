@@ -9,6 +9,9 @@ Started by rank 0 with torch.multiprocessing's spawn context (``WorkerPool``) as
    collectives, allocate this rank's KV pool (``spec.num_blocks``, rank 0's choice);
 4. run steps until ``STOP``.
 
+A rank on another host is started by hand (``roseinfer tp-worker``: ``join_main``)
+and reads the same spec from rank 0's store (``tp/spec``), then does the same.
+
 A worker never outlives rank 0: a collective with a closed peer errors at once, and a
 watchdog thread exits when the parent process is gone (e.g. while still loading).
 SIGINT is ignored: Ctrl-C in a terminal reaches the whole process group, and rank 0
@@ -17,14 +20,17 @@ decides when its workers stop.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
+import pickle
 import signal
 import threading
 import time
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from roseinfer.distributed.comm import Communicator, Rendezvous
 from roseinfer.distributed.layers import parallelize
@@ -65,15 +71,42 @@ def rank_device(device: str, rank: int) -> torch.device:
 
 
 def worker_main(spec: WorkerSpec, rank: int) -> None:
-    """The body of worker process ``rank``."""
+    """The body of worker process ``rank``, spawned by rank 0 on its host."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(level=logging.WARNING,
-                        format=f"%(asctime)s tp-rank-{rank} %(levelname)s %(message)s")
     threading.Thread(target=_watch_parent, args=(spec.parent_pid,), daemon=True,
                      name="roseinfer-tp-watchdog").start()
-    torch.set_num_threads(spec.num_threads)
+    store = spec.rendezvous.connect(spec.plan.size, STARTUP_TIMEOUT_S)
+    _serve(spec, rank, store, spec.rendezvous.host, spec.num_threads)
+
+
+def join_main(init_method: str, rank: int, bind_host: str | None = None,
+              num_threads: int | None = None) -> int:
+    """``roseinfer tp-worker``: rank ``rank`` started on another host, joining the
+    group whose rank 0 listens at ``init_method`` (``tcp://HOST:PORT``). The spec
+    (model path, plan, formats) comes from rank 0's store; the model path must exist
+    here too. ``bind_host``: this host's address for the group (default: the one on the
+    route to rank 0). Returns 0 once rank 0 stops the group."""
+    from roseinfer.distributed.comm import local_address_towards
+
+    rendezvous = Rendezvous.from_init_method(init_method)
+    store = dist.TCPStore(rendezvous.host, rendezvous.port, None, False,
+                          timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S))
+    spec: WorkerSpec = pickle.loads(store.get("tp/spec"))  # waits for rank 0
+    if not 1 <= rank < spec.plan.size:
+        raise ValueError(f"--rank must be in [1, {spec.plan.size - 1}] for this group of "
+                         f"{spec.plan.size} ranks, got {rank}")
+    host = bind_host or local_address_towards(rendezvous.host, rendezvous.port)
+    _serve(spec, rank, store, host, num_threads or spec.num_threads)
+    return 0
+
+
+def _serve(spec: WorkerSpec, rank: int, store: dist.Store, bind_host: str,
+           num_threads: int) -> None:
+    """Load this rank's shard, report ready, join the groups, follow rank 0's steps."""
+    logging.basicConfig(level=logging.WARNING,
+                        format=f"%(asctime)s tp-rank-{rank} %(levelname)s %(message)s")
+    torch.set_num_threads(num_threads)
     size = spec.plan.size
-    store = spec.rendezvous.connect(size, STARTUP_TIMEOUT_S)
     device = rank_device(spec.device, rank)
     try:
         model = load_shard(spec.model, spec.plan, rank, _TORCH_DTYPES[spec.dtype], device,
@@ -83,7 +116,7 @@ def worker_main(spec: WorkerSpec, rank: int) -> None:
         raise
     store.set(f"ready/{rank}", "1")
     store.wait(["go"])  # every rank is ready: join the groups together
-    comm = Communicator(store, spec.rendezvous, rank, size, device, spec.timeout_s)
+    comm = Communicator(store, spec.rendezvous, rank, size, device, spec.timeout_s, bind_host)
     parallelize(model, spec.plan.shards[rank], comm)
     executor = ShardExecutor(model, spec.plan.rank_config(rank), spec.plan.vocab_sizes, comm,
                              spec.num_blocks, spec.block_size, _TORCH_DTYPES[spec.kv_dtype],
