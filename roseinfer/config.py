@@ -58,7 +58,7 @@ class EngineConfig:
     # one, ranks 1.. spawned), gloo on CPU, NCCL on CUDA (cuda:<index + rank>).
     tensor_parallel_size: int = 1
     # Rendezvous of the ranks: None = 127.0.0.1 on a free port; or "tcp://host:port"
-    # (rank 0 listens there; every rank runs on this host).
+    # (rank 0 listens there; ranks on other hosts join it: distributed_local_workers).
     distributed_init_method: str | None = None
     # Bound on one collective: a rank that does not answer in time fails the engine.
     distributed_timeout_s: float = 60.0
