@@ -66,7 +66,7 @@ from roseinfer.engine.snapshot import (
     SnapshotExchange,
     take_snapshot,
 )
-from roseinfer.engine.stats import EngineStats
+from roseinfer.engine.stats import EngineStats, log_stats
 from roseinfer.outputs import RequestOutput
 from roseinfer.sampling_params import SamplingParams
 
@@ -384,26 +384,7 @@ class AsyncEngine:
             self._in_transit = 0
 
     def _log_stats(self, elapsed: float, previous: tuple[int, int]) -> tuple[int, int]:
-        s = self._stats
-        prompt, gen = s.prompt_tokens_total, s.generation_tokens_total
-        if (prompt, gen) != previous or s.num_running or s.num_waiting:
-            logger.info(
-                "running: %d, waiting: %d, KV cache usage: %.1f%%, prompt throughput: %.1f tok/s, "
-                "generation throughput: %.1f tok/s, prefix cache hit rate: %.1f%%",
-                s.num_running, s.num_waiting, 100 * s.kv_cache_usage,
-                (prompt - previous[0]) / elapsed, (gen - previous[1]) / elapsed,
-                100 * s.prefix_cache_hit_rate,
-            )
-            if s.spec_decode_num_drafts:  # speculative decoding, since the start
-                logger.info(
-                    "speculative decoding: acceptance rate %.1f%% (%d of %d drafted tokens), "
-                    "mean accepted per draft: %.2f, per position: %s",
-                    100 * s.spec_decode_acceptance_rate, s.spec_decode_num_accepted_tokens,
-                    s.spec_decode_num_draft_tokens,
-                    s.spec_decode_num_accepted_tokens / s.spec_decode_num_drafts,
-                    ", ".join(f"{n / s.spec_decode_num_drafts:.2f}"
-                              for n in s.spec_decode_accepted_per_pos))
-        return prompt, gen
+        return log_stats(logger, self._stats, elapsed, previous)
 
 
 def _put_all(batch: list[tuple[RequestStream, RequestOutput | BaseException]]) -> None:

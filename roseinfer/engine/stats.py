@@ -1,7 +1,9 @@
-"""EngineStats: counters and gauges the engine keeps for logs and /metrics."""
+"""EngineStats: counters and gauges the engine keeps for logs and /metrics, and the
+periodic stats log line."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 
@@ -51,3 +53,29 @@ class EngineStats:
     def prefix_cache_hit_rate(self) -> float:
         q = self.prefix_cache_queries
         return self.prefix_cache_hits / q if q else 0.0
+
+
+def log_stats(logger: logging.Logger, s: EngineStats, elapsed: float,
+              previous: tuple[int, int]) -> tuple[int, int]:
+    """The periodic stats log (vLLM's shape): throughputs since ``previous`` (prompt and
+    generation token totals ``elapsed`` seconds ago), logged only when something
+    happened; returns the totals for the next call."""
+    prompt, gen = s.prompt_tokens_total, s.generation_tokens_total
+    if (prompt, gen) != previous or s.num_running or s.num_waiting:
+        logger.info(
+            "running: %d, waiting: %d, KV cache usage: %.1f%%, prompt throughput: %.1f tok/s, "
+            "generation throughput: %.1f tok/s, prefix cache hit rate: %.1f%%",
+            s.num_running, s.num_waiting, 100 * s.kv_cache_usage,
+            (prompt - previous[0]) / elapsed, (gen - previous[1]) / elapsed,
+            100 * s.prefix_cache_hit_rate,
+        )
+        if s.spec_decode_num_drafts:  # speculative decoding, since the start
+            logger.info(
+                "speculative decoding: acceptance rate %.1f%% (%d of %d drafted tokens), "
+                "mean accepted per draft: %.2f, per position: %s",
+                100 * s.spec_decode_acceptance_rate, s.spec_decode_num_accepted_tokens,
+                s.spec_decode_num_draft_tokens,
+                s.spec_decode_num_accepted_tokens / s.spec_decode_num_drafts,
+                ", ".join(f"{n / s.spec_decode_num_drafts:.2f}"
+                          for n in s.spec_decode_accepted_per_pos))
+    return prompt, gen
