@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,3 +20,12 @@ os.environ.setdefault("ROSEINFER_CACHE_DIR", tempfile.mkdtemp(prefix="roseinfer-
 @pytest.fixture(scope="session", autouse=True)
 def _threads() -> None:
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture
+def private_cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A cache directory of this test alone (weights, tokenizers), the cache switched on."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("ROSEINFER_CACHE_DIR", str(cache))
+    monkeypatch.delenv("ROSEINFER_WEIGHT_CACHE", raising=False)
+    return cache

@@ -32,12 +32,7 @@ CONVERSATIONS = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    cache = tmp_path / "cache"
-    monkeypatch.setenv("ROSEINFER_CACHE_DIR", str(cache))
-    monkeypatch.delenv("ROSEINFER_WEIGHT_CACHE", raising=False)
-    return cache
+pytestmark = pytest.mark.usefixtures("private_cache_dir")  # tests/conftest.py
 
 
 def _tiny_gguf(path: Path) -> Path:
@@ -83,21 +78,21 @@ def _entry(cache: Path) -> Path:
     return entry
 
 
-def test_tiny_gguf_fast_path_equals_transformers(tmp_path: Path, _cache_dir: Path) -> None:
+def test_tiny_gguf_fast_path_equals_transformers(tmp_path: Path, private_cache_dir: Path) -> None:
     path = _tiny_gguf(tmp_path / "tok.gguf")
     ref = Tokenizer.from_model_path(path, cache=False)  # transformers converts it in memory
-    assert not (_cache_dir / "tokenizers").exists()
+    assert not (private_cache_dir / "tokenizers").exists()
     first = Tokenizer.from_model_path(path)  # converts and stores
     second = Tokenizer.from_model_path(path)  # reads the entry
     for tok in (first, second):
         _same(tok, ref, TEXTS + ["hello hell shell"])
     assert 2 in second.eos_token_ids  # the GGUF's end-of-turn id, kept in the entry
     assert second.hf.encode("hello") == second.encode("hello")  # .hf loads on demand
-    meta = json.loads((_entry(_cache_dir) / "roseinfer_tokenizer.json").read_text())
+    meta = json.loads((_entry(private_cache_dir) / "roseinfer_tokenizer.json").read_text())
     assert meta["fast"] is True
 
 
-def test_warm_load_does_not_import_transformers(tmp_path: Path, _cache_dir: Path) -> None:
+def test_warm_load_does_not_import_transformers(tmp_path: Path, private_cache_dir: Path) -> None:
     path = _tiny_gguf(tmp_path / "tok.gguf")
     Tokenizer.from_model_path(path)
     code = ("import sys; from roseinfer.tokenizer import Tokenizer; "
@@ -109,11 +104,11 @@ def test_warm_load_does_not_import_transformers(tmp_path: Path, _cache_dir: Path
 
 
 @pytest.mark.parametrize("damage", ["tokenizer.json", "meta", "key"])
-def test_damaged_entry_is_rebuilt_with_a_warning(tmp_path: Path, _cache_dir: Path, damage: str,
+def test_damaged_entry_is_rebuilt_with_a_warning(tmp_path: Path, private_cache_dir: Path, damage: str,
                                                  caplog: pytest.LogCaptureFixture) -> None:
     path = _tiny_gguf(tmp_path / "tok.gguf")
     want = Tokenizer.from_model_path(path).encode("hello world")
-    entry = _entry(_cache_dir)
+    entry = _entry(private_cache_dir)
     if damage == "tokenizer.json":  # still valid JSON, one merge changed: checksum catches it
         data = json.loads((entry / "tokenizer.json").read_text())
         assert data["model"]["merges"][1] == ["l", "l"]

@@ -4,8 +4,6 @@ rank loads its shard from there) and engines over them, one thread per rank."""
 from __future__ import annotations
 
 import multiprocessing
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -110,12 +108,3 @@ def tokens(outs: list[RequestOutput]) -> list[list[int]]:
 def workers() -> list[multiprocessing.process.BaseProcess]:
     """This process's live tensor-parallel workers."""
     return [p for p in multiprocessing.active_children() if p.name.startswith("roseinfer-tp")]
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()

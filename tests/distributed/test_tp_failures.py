@@ -21,8 +21,8 @@ from roseinfer.engine.fault_isolation import ModelFailedError
 from roseinfer.llm import LLM
 from roseinfer.server.app import create_app
 from roseinfer.server.state import ServerSettings
-from tests.distributed.helpers import PROMPTS, engine, greedy, save_llama, wait_until, workers
-from tests.server.helpers import Gate, ServerThread
+from tests.distributed.helpers import PROMPTS, engine, greedy, save_llama, workers
+from tests.server.helpers import Gate, ServerThread, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 BOUND_S = 30.0  # a failure must surface within this

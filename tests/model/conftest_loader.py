@@ -65,9 +65,10 @@ def expected_after_roundtrip(w: torch.Tensor, qtype: QT) -> torch.Tensor:
 
 def write_gguf(path: Path, arch: str, metadata: dict[str, Any],
                tensors: list[tuple[str, torch.Tensor, QT]],
-               tokens: list[str] | None = None) -> Path:
+               tokens: list[str] | None = None, merges: list[str] | None = None) -> Path:
     """Write a GGUF: ``metadata`` keys are relative to ``{arch}.`` unless they contain a '.'
-    prefix like 'tokenizer.' or 'general.'."""
+    prefix like 'tokenizer.' or 'general.'; ``tokens`` (and BPE ``merges``) make a gpt2
+    tokenizer."""
     w = gguf.GGUFWriter(str(path), arch)
     for key, value in metadata.items():
         full = key if key.split(".")[0] in ("general", "tokenizer") else f"{arch}.{key}"
@@ -82,6 +83,8 @@ def write_gguf(path: Path, arch: str, metadata: dict[str, Any],
     if tokens is not None:
         w.add_tokenizer_model("gpt2")
         w.add_token_list(tokens)
+        if merges:
+            w.add_token_merges(merges)
     for name, t, qtype in tensors:
         data = encode_tensor(t, qtype)
         w.add_tensor(name, data, raw_dtype=None if qtype in (QT.F32, QT.F16) else qtype)

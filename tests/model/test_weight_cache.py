@@ -16,7 +16,6 @@ from gguf import GGMLQuantizationType as QT
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest_loader import (  # noqa: E402
-    encode_tensor,
     llama_gguf_tensors,
     llama_metadata,
     tiny_llama,
@@ -33,12 +32,7 @@ TYPES = {"token_embd": QT.F32, "attn_q": QT.Q8_0, "attn_k": QT.Q4_0, "attn_v": Q
          "attn_output": QT.Q8_0, "ffn_gate": QT.Q8_0, "ffn_up": QT.Q4_1, "ffn_down": QT.F32}
 
 
-@pytest.fixture(autouse=True)
-def _cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    cache = tmp_path / "cache"
-    monkeypatch.setenv("ROSEINFER_CACHE_DIR", str(cache))
-    monkeypatch.delenv("ROSEINFER_WEIGHT_CACHE", raising=False)
-    return cache
+pytestmark = pytest.mark.usefixtures("private_cache_dir")  # tests/conftest.py
 
 
 def _gguf(tmp_path: Path, seed: int = 0, tie: bool = True, name: str = "tiny.gguf",
@@ -50,29 +44,14 @@ def _gguf(tmp_path: Path, seed: int = 0, tie: bool = True, name: str = "tiny.ggu
 
 def _gguf_with_tokenizer(path: Path) -> Path:
     """A tiny llama GGUF with a byte-level BPE vocabulary (256 tokens, a few merges)."""
-    import gguf
     from tokenizers.pre_tokenizers import ByteLevel
 
     model = tiny_llama(tie=True)
-    w = gguf.GGUFWriter(str(path), "llama")
-    for key, value in llama_metadata(model.config).items():
-        full = key if key.startswith(("general.", "tokenizer.")) else f"llama.{key}"
-        if isinstance(value, float):
-            w.add_float32(full, value)
-        else:
-            w.add_uint32(full, value)
-    w.add_tokenizer_model("gpt2")
     # 256 tokens (the model's vocabulary): 254 byte symbols and two merges
-    w.add_token_list(sorted(ByteLevel.alphabet())[:254] + ["he", "ll"])
-    w.add_token_merges(["h e", "l l"])
-    for name, tensor, qtype in llama_gguf_tensors(model, TYPES):
-        data = encode_tensor(tensor, qtype)
-        w.add_tensor(name, data, raw_dtype=None if qtype in (QT.F32, QT.F16) else qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return write_gguf(path, "llama", llama_metadata(model.config),
+                      llama_gguf_tensors(model, TYPES),
+                      tokens=sorted(ByteLevel.alphabet())[:254] + ["he", "ll"],
+                      merges=["h e", "l l"])
 
 
 def _logits(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -96,13 +75,13 @@ def _no_checkpoint_load(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("quantization", ["int8", "fp16", "none"])
-def test_round_trip_is_bitwise(tmp_path: Path, _cache_dir: Path, quantization: str,
+def test_round_trip_is_bitwise(tmp_path: Path, private_cache_dir: Path, quantization: str,
                                monkeypatch: pytest.MonkeyPatch) -> None:
     path = _gguf(tmp_path)
     reference, _, _ = load_model(path, torch.float32, CPU, quantization, weight_cache=False)
-    assert _entries(_cache_dir) == []  # weight_cache=False writes nothing
+    assert _entries(private_cache_dir) == []  # weight_cache=False writes nothing
     first, _, _ = load_model(path, torch.float32, CPU, quantization)  # converts, stores
-    assert len(_entries(_cache_dir)) == 1
+    assert len(_entries(private_cache_dir)) == 1
     with monkeypatch.context() as m:
         _no_checkpoint_load(m)
         second, config, source = load_model(path, torch.float32, CPU, quantization)  # hit
@@ -113,7 +92,7 @@ def test_round_trip_is_bitwise(tmp_path: Path, _cache_dir: Path, quantization: s
 
 
 @pytest.mark.skipif(not cpu_kernels_available(), reason="int8 layers need the C++ kernels")
-def test_int8_layers_come_from_the_stored_q_and_scales(tmp_path: Path, _cache_dir: Path,
+def test_int8_layers_come_from_the_stored_q_and_scales(tmp_path: Path, private_cache_dir: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     from safetensors import safe_open
 
@@ -123,7 +102,7 @@ def test_int8_layers_come_from_the_stored_q_and_scales(tmp_path: Path, _cache_di
     # gate and up both Q4_1: the fused gate_up_proj keeps them as they are (4 bits)
     path = _gguf(tmp_path, tie=False, types={**TYPES, "ffn_gate": QT.Q4_1, "ffn_up": QT.Q4_1})
     load_model(path, torch.float32, CPU, "int8")
-    (entry,) = _entries(_cache_dir)
+    (entry,) = _entries(private_cache_dir)
     reference, _, _ = load_model(path, torch.float32, CPU, None)  # as loaded, fp32
     mlp = reference.model.layers[1].mlp
     with safe_open(str(entry), "pt") as f:
@@ -144,11 +123,11 @@ def test_int8_layers_come_from_the_stored_q_and_scales(tmp_path: Path, _cache_di
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "garbage"])
-def test_corrupt_entry_is_rebuilt_with_a_warning(tmp_path: Path, _cache_dir: Path, damage: str,
+def test_corrupt_entry_is_rebuilt_with_a_warning(tmp_path: Path, private_cache_dir: Path, damage: str,
                                                  caplog: pytest.LogCaptureFixture) -> None:
     path = _gguf(tmp_path)
     want = _logits(load_model(path, torch.float32, CPU, "int8")[0])
-    (entry,) = _entries(_cache_dir)
+    (entry,) = _entries(private_cache_dir)
     data = bytearray(entry.read_bytes())
     if damage == "flip":
         data[-5] ^= 0x40  # in the last tensor's bytes
@@ -161,7 +140,7 @@ def test_corrupt_entry_is_rebuilt_with_a_warning(tmp_path: Path, _cache_dir: Pat
         rebuilt, _, _ = load_model(path, torch.float32, CPU, "int8")
     assert any("weight cache entry" in r.getMessage() for r in caplog.records)
     assert _equal(_logits(rebuilt), want)
-    (again,) = _entries(_cache_dir)  # rewritten, and sound
+    (again,) = _entries(private_cache_dir)  # rewritten, and sound
     assert again.read_bytes() != bytes(data)
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="roseinfer.model"):
@@ -169,56 +148,56 @@ def test_corrupt_entry_is_rebuilt_with_a_warning(tmp_path: Path, _cache_dir: Pat
     assert not caplog.records and _equal(_logits(warm), want)
 
 
-def test_each_format_and_dtype_has_its_own_entry(tmp_path: Path, _cache_dir: Path) -> None:
+def test_each_format_and_dtype_has_its_own_entry(tmp_path: Path, private_cache_dir: Path) -> None:
     path = _gguf(tmp_path)
     for quantization in ("int8", "fp16", "none"):
         load_model(path, torch.float32, CPU, quantization)
     load_model(path, torch.bfloat16, CPU, "none")
-    assert len(_entries(_cache_dir)) == 4
+    assert len(_entries(private_cache_dir)) == 4
     fp16 = _logits(load_model(path, torch.float32, CPU, "fp16")[0])  # hits, not int8's entry
     assert _equal(fp16, _logits(load_model(path, torch.float32, CPU, "fp16", False)[0]))
 
 
-def test_changed_source_is_a_miss_and_replaces_the_old_entry(tmp_path: Path, _cache_dir: Path,
+def test_changed_source_is_a_miss_and_replaces_the_old_entry(tmp_path: Path, private_cache_dir: Path,
                                                              monkeypatch: pytest.MonkeyPatch
                                                              ) -> None:
     path = _gguf(tmp_path, seed=0)
     load_model(path, torch.float32, CPU, "int8")
-    (old,) = _entries(_cache_dir)
+    (old,) = _entries(private_cache_dir)
     _gguf(tmp_path, seed=1)  # same name, same size, other weights
     fresh = _logits(load_model(path, torch.float32, CPU, "int8", weight_cache=False)[0])
     got = _logits(load_model(path, torch.float32, CPU, "int8")[0])
     assert _equal(got, fresh)
-    (new,) = _entries(_cache_dir)  # the stale entry of this model + format was removed
+    (new,) = _entries(private_cache_dir)  # the stale entry of this model + format was removed
     assert new != old
 
 
-def test_switched_off_by_the_environment(tmp_path: Path, _cache_dir: Path,
+def test_switched_off_by_the_environment(tmp_path: Path, private_cache_dir: Path,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     path = _gguf(tmp_path)
     monkeypatch.setenv("ROSEINFER_WEIGHT_CACHE", "0")
     load_model(path, torch.float32, CPU, "int8")
-    assert _entries(_cache_dir) == []
+    assert _entries(private_cache_dir) == []
     load_model(path, torch.float32, CPU, "int8", weight_cache=True)  # the option wins
-    assert len(_entries(_cache_dir)) == 1
+    assert len(_entries(private_cache_dir)) == 1
 
 
-def test_safetensors_dir_caches_int8_only(tmp_path: Path, _cache_dir: Path,
+def test_safetensors_dir_caches_int8_only(tmp_path: Path, private_cache_dir: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     model = tiny_llama(tie=False)
     model.save_pretrained(tmp_path / "hf")
     load_model(tmp_path / "hf", torch.float32, CPU, "none")  # fp32 copy: nothing to gain
-    assert _entries(_cache_dir) == []
+    assert _entries(private_cache_dir) == []
     if not cpu_kernels_available():
         pytest.skip("int8 layers need the C++ kernels")
     want = _logits(load_model(tmp_path / "hf", torch.float32, CPU, "int8")[0])
-    assert len(_entries(_cache_dir)) == 1
+    assert len(_entries(private_cache_dir)) == 1
     with monkeypatch.context() as m:
         _no_checkpoint_load(m)
         assert _equal(_logits(load_model(tmp_path / "hf", torch.float32, CPU, "int8")[0]), want)
 
 
-def test_engine_uses_the_weight_cache(tmp_path: Path, _cache_dir: Path,
+def test_engine_uses_the_weight_cache(tmp_path: Path, private_cache_dir: Path,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """LLM(..., weight_cache=...) reaches load_model; greedy outputs agree with and
     without the cache (needs LLMEngine to pass quantization / weight_cache on)."""
@@ -229,9 +208,9 @@ def test_engine_uses_the_weight_cache(tmp_path: Path, _cache_dir: Path,
     prompt = [5, 17, 33, 9]
     options = {"num_threads": 1, "num_kv_blocks": 16}
     plain = LLM(str(path), weight_cache=False, **options).generate([prompt], params)
-    assert _entries(_cache_dir) == []
+    assert _entries(private_cache_dir) == []
     LLM(str(path), **options)
-    assert len(_entries(_cache_dir)) == 1
+    assert len(_entries(private_cache_dir)) == 1
     with monkeypatch.context() as m:
         _no_checkpoint_load(m)
         cached = LLM(str(path), **options).generate([prompt], params)
