@@ -76,8 +76,8 @@ class TensorParallelRunner:
             size, STARTUP_TIMEOUT_S)
         spec = WorkerSpec(
             model=None if config.model is None else str(config.model), plan=plan,
-            rendezvous=rendezvous, dtype=config.dtype, device=str(device),
-            quantization=quantization, kv_dtype=str(kv_dtype).removeprefix("torch."),
+            rendezvous=rendezvous, dtype=dtype, device=str(device),
+            quantization=quantization, kv_dtype=kv_dtype,
             block_size=config.block_size, num_blocks=num_blocks,
             num_threads=config.resolved_num_threads(), timeout_s=config.distributed_timeout_s,
             parent_pid=os.getpid())

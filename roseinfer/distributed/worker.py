@@ -40,7 +40,6 @@ from roseinfer.distributed.step import ShardExecutor
 
 logger = logging.getLogger("roseinfer.distributed")
 
-_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 STARTUP_TIMEOUT_S = 600.0  # loading a shard (the store's client timeout meanwhile)
 
 
@@ -51,10 +50,10 @@ class WorkerSpec:
     model: str | None  # checkpoint path (None: the default model)
     plan: TensorParallelPlan
     rendezvous: Rendezvous  # rank 0's store, port resolved
-    dtype: str
+    dtype: torch.dtype  # weights and activations
     device: str  # rank 0's device; rank r uses index + r on CUDA
     quantization: str  # resolved weight format
-    kv_dtype: str
+    kv_dtype: torch.dtype
     block_size: int
     num_blocks: int
     num_threads: int
@@ -109,7 +108,7 @@ def _serve(spec: WorkerSpec, rank: int, store: dist.Store, bind_host: str,
     size = spec.plan.size
     device = rank_device(spec.device, rank)
     try:
-        model = load_shard(spec.model, spec.plan, rank, _TORCH_DTYPES[spec.dtype], device,
+        model = load_shard(spec.model, spec.plan, rank, spec.dtype, device,
                            spec.quantization)
     except BaseException as exc:
         store.set(f"error/{rank}", f"{type(exc).__name__}: {exc}")
@@ -119,7 +118,7 @@ def _serve(spec: WorkerSpec, rank: int, store: dist.Store, bind_host: str,
     comm = Communicator(store, spec.rendezvous, rank, size, device, spec.timeout_s, bind_host)
     parallelize(model, spec.plan.shards[rank], comm)
     executor = ShardExecutor(model, spec.plan.rank_config(rank), spec.plan.vocab_sizes, comm,
-                             spec.num_blocks, spec.block_size, _TORCH_DTYPES[spec.kv_dtype],
+                             spec.num_blocks, spec.block_size, spec.kv_dtype,
                              device)
     try:
         while executor.follow():

@@ -12,10 +12,11 @@ machine never oversubscribe its cores unless asked to.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from roseinfer.config import EngineConfig
 from roseinfer.ray_serve.routing_policy import RoutingMode
@@ -51,27 +52,13 @@ class ServeOptions:
 
 
 class AppArgs(BaseModel):
-    """``serve run ... build_app key=value`` arguments (flat: engine + serve options)."""
+    """``serve run ... build_app key=value`` arguments, flat: every ``EngineConfig`` field
+    (validated and coerced by pydantic against the dataclass itself, ``num_threads``
+    defaulting to 1 per replica) plus the serve options below; other keys are refused."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    # engine (EngineConfig fields; roseinfer serve's flags of the same names)
-    model: str | None = None
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    quantization: Literal["auto", "none", "fp16", "fp16+bf16", "int8"] = "auto"
-    kv_cache_dtype: str = "auto"
-    block_size: int = Field(16, ge=1)
-    kv_cache_memory_gb: float = Field(1.0, gt=0)
-    num_kv_blocks: int | None = Field(None, ge=1)
-    max_num_seqs: int = Field(64, ge=1)
-    max_num_batched_tokens: int = Field(256, ge=1)
-    max_model_len: int | None = None
-    enable_prefix_caching: bool = True
-    num_threads: int = Field(1, ge=1)
-    seed: int = 0
-    speculative_config: str | None = None
-    weight_cache: bool | None = None
-    # serve
+    engine: EngineConfig = Field(default_factory=lambda: EngineConfig(num_threads=1))
     num_replicas: int = Field(2, ge=1)
     routing: RoutingMode = "prefix"
     imbalance_threshold: int = Field(4, ge=0)
@@ -83,15 +70,18 @@ class AppArgs(BaseModel):
     max_waiting_requests: int = Field(256, ge=1)
     warmup: bool = True
 
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_keys(cls, data: Any) -> Any:
+        """Gather the flat keys that name ``EngineConfig`` fields into ``engine``."""
+        if not isinstance(data, dict):
+            return data
+        names = {f.name for f in dataclasses.fields(EngineConfig)}
+        engine = {"num_threads": 1} | {k: v for k, v in data.items() if k in names}
+        return {k: v for k, v in data.items() if k not in names} | {"engine": engine}
+
     def engine_config(self) -> EngineConfig:
-        return EngineConfig(
-            model=self.model, dtype=self.dtype, quantization=self.quantization,
-            kv_cache_dtype=self.kv_cache_dtype, block_size=self.block_size,
-            kv_cache_memory_gb=self.kv_cache_memory_gb, num_kv_blocks=self.num_kv_blocks,
-            max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
-            max_model_len=self.max_model_len, enable_prefix_caching=self.enable_prefix_caching,
-            num_threads=self.num_threads, seed=self.seed,
-            speculative_config=self.speculative_config, weight_cache=self.weight_cache)
+        return self.engine
 
     def serve_options(self) -> ServeOptions:
         from roseinfer.server.cli import default_model_name
@@ -100,9 +90,9 @@ class AppArgs(BaseModel):
         return ServeOptions(
             num_replicas=self.num_replicas, routing=self.routing,
             imbalance_threshold=self.imbalance_threshold,
-            replica_cpus=float(self.num_threads if self.replica_cpus is None
+            replica_cpus=float(self.engine.resolved_num_threads() if self.replica_cpus is None
                                else self.replica_cpus),
             max_ongoing_requests=self.max_ongoing_requests, max_retries=self.max_retries,
-            served_model_names=names or (default_model_name(self.model),),
+            served_model_names=names or (default_model_name(self.engine.model),),
             api_key=self.api_key, max_waiting_requests=self.max_waiting_requests,
             warmup=self.warmup)
