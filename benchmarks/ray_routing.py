@@ -118,12 +118,21 @@ def start_ray(num_cpus: int = 2, port: int | None = None) -> str:
     import ray
     from ray import serve
 
-    port = port or free_port()
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
              object_store_memory=96 << 20, _node_ip_address="127.0.0.1", log_to_driver=False,
              configure_logging=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    return f"http://127.0.0.1:{port}"
+    # A free port is picked after Ray's own processes bound theirs; one of them (or any
+    # other process) may still take it before the proxy binds: then try another one.
+    for attempt in range(3):
+        chosen = port or free_port()
+        try:
+            serve.start(http_options={"host": "127.0.0.1", "port": chosen})
+            return f"http://127.0.0.1:{chosen}"
+        except Exception as exc:  # noqa: BLE001 - the proxy's "Failed to bind" (a RayTaskError)
+            serve.shutdown()
+            if port is not None or attempt == 2 or "bind" not in str(exc):
+                raise
+    raise AssertionError("unreachable")
 
 
 def deploy(routing: str, num_replicas: int = 2,
