@@ -39,6 +39,32 @@ def test_paged_attention_matches_sdpa(head_dim: int, cache_dtype: torch.dtype) -
         torch.testing.assert_close(got[i], want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("heads", [(9, 3), (8, 2), (4, 4)])
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16])
+def test_paged_attention_row_alone_equals_row_in_batch(
+    head_dim: int, heads: tuple[int, int], cache_dtype: torch.dtype
+) -> None:
+    """A row's output is bitwise the same alone (work split per KV head) and among 40
+    rows (work split per row, all heads in one sweep), at any block size."""
+    h, hkv = heads
+    gen = torch.Generator().manual_seed(1)
+    d, width = 40, 8
+    for bs in (16, 5, 1):
+        num_blocks = d * width
+        cache = torch.randn(2, num_blocks * bs, hkv, head_dim, generator=gen).to(cache_dtype)
+        tables = torch.randperm(num_blocks, generator=gen).view(d, width).to(torch.int32)
+        q = torch.randn(d, h, head_dim, generator=gen)
+        lens = torch.randint(1, width * bs + 1, (d,), generator=gen, dtype=torch.int32)
+        rows = torch.arange(d, dtype=torch.int32)
+        scale = head_dim**-0.5
+        batch = torch.ops.roseinfer.paged_attention(q, cache, tables, rows, lens, bs, scale)
+        for i in (0, 17, 39):
+            alone = torch.ops.roseinfer.paged_attention(
+                q[i : i + 1], cache, tables, rows[i : i + 1], lens[i : i + 1], bs, scale)
+            assert torch.equal(alone[0], batch[i]), (bs, i)
+
+
 def test_linear_kernel_fp32_and_fp16() -> None:
     torch.manual_seed(0)
     w, b, x = torch.randn(40, 24), torch.randn(40), torch.randn(7, 24)

@@ -32,11 +32,17 @@ static inline void axpy(float* acc, float p, const float* v, int64_t n) {
 
 // sg[t] = exp(sg[t] - max) / sum over t < L.
 static inline void softmax_row(float* sg, int64_t L) {
+  __m256 vm = _mm256_set1_ps(-INFINITY);  // the max is exact: any order gives the same
+  int64_t t = 0;
+  for (; t + 8 <= L; t += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(sg + t));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, vm);
   float mx = -INFINITY;
-  for (int64_t t = 0; t < L; ++t) mx = std::max(mx, sg[t]);
+  for (float v : lanes) mx = std::max(mx, v);
+  for (; t < L; ++t) mx = std::max(mx, sg[t]);
   const __m256 vmx = _mm256_set1_ps(mx);
   __m256 vsum = _mm256_setzero_ps();
-  int64_t t = 0;
+  t = 0;
   for (; t + 8 <= L; t += 8) {
     __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + t), vmx));
     _mm256_storeu_ps(sg + t, e);
@@ -53,46 +59,129 @@ static inline void softmax_row(float* sg, int64_t L) {
   for (; t < L; ++t) sg[t] *= 1.f / sum;
 }
 
-// One (sequence, KV head) work item with the head dim known at compile time, so the
-// query-dot and the output accumulators stay in registers.
+// Position t of a context -> its cache slot, walking the block table without divisions.
+struct SlotCursor {
+  const int32_t* table;
+  int64_t bs, blk, off;
+  SlotCursor(const int32_t* t, int64_t block_size, int64_t t0)
+      : table(t), bs(block_size), blk(t0 / block_size), off(t0 % block_size) {}
+  int64_t slot() const { return (int64_t)table[blk] * bs + off; }
+  void next() {
+    if (++off == bs) off = 0, ++blk;
+  }
+};
+
+constexpr int64_t kAhead = 8;  // positions between a prefetched row and its use
+alignas(64) static const float kZeroRow[256] = {};  // a padding K row (zero bits: fp32 or fp16)
+
+template <typename KV>
+static inline void prefetch_row(const KV* p, int64_t bytes) {
+  for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(reinterpret_cast<const char*>(p) + b, _MM_HINT_T0);
+}
+
+// Lane j (< 4) of the result = the sum of the 8 lanes of a[j], as ((l0+l1)+(l2+l3)) +
+// ((l4+l5)+(l6+l7)) for every j: a score never depends on its slot in a group of 4.
+static inline __m128 reduce4(const __m256 (&a)[4]) {
+  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+// Scores of query heads q[0..GB) (stride DH) against the K rows k[0..4): per (head, row)
+// an FMA chain over the DH/8 vectors, then reduce4; n of them stored at out[g * ld + j].
+// Each K vector is widened once for the GB heads.
+template <int DH, int GB, typename KV>
+static inline void scores4(const float* q, const KV* const (&k)[4], int64_t n, float scale,
+                           float* out, int64_t ld) {
+  __m256 a[GB][4];
+  for (int g = 0; g < GB; ++g)
+    for (int j = 0; j < 4; ++j) a[g][j] = _mm256_setzero_ps();
+  for (int v = 0; v < DH / 8; ++v)
+    for (int j = 0; j < 4; ++j) {
+      const __m256 kv = load8(k[j] + 8 * v);
+      for (int g = 0; g < GB; ++g)
+        a[g][j] = _mm256_fmadd_ps(kv, _mm256_loadu_ps(q + g * DH + 8 * v), a[g][j]);
+    }
+  for (int g = 0; g < GB; ++g) {
+    const __m128 s = _mm_mul_ps(reduce4(a[g]), _mm_set1_ps(scale));
+    if (n == 4) {
+      _mm_storeu_ps(out + g * ld, s);
+    } else {
+      alignas(16) float tmp[4];
+      _mm_store_ps(tmp, s);
+      for (int64_t j = 0; j < n; ++j) out[g * ld + j] = tmp[j];
+    }
+  }
+}
+
+// Query heads [0, GB) of one item: scores, softmax, then out[g] = sum_t p[g][t] v[t],
+// 32 output dims at a time (each V vector widened once for the GB heads), every lane an
+// FMA chain over the positions in order.
+template <int DH, int GB, typename KV>
+static void attend_heads(const float* qd, const KV* kc, const KV* vc, const int32_t* table,
+                         int64_t L, int64_t row, int64_t bs, int64_t kh, float scale,
+                         float* scores, float* od) {
+  constexpr int64_t kRowBytes = DH * sizeof(KV);
+  const KV* zero = reinterpret_cast<const KV*>(kZeroRow);
+  SlotCursor c(table, bs, 0), ahead(table, bs, 0);
+  for (int64_t t = 0; t < std::min(kAhead, L); ++t, ahead.next())
+    prefetch_row(kc + ahead.slot() * row + kh * DH, kRowBytes);
+  for (int64_t t0 = 0; t0 < L; t0 += 4) {
+    const int64_t n = std::min<int64_t>(4, L - t0);
+    const KV* k[4];
+    for (int64_t j = 0; j < 4; ++j) {
+      k[j] = j < n ? kc + c.slot() * row + kh * DH : zero;
+      if (j < n) c.next();
+      if (t0 + j + kAhead < L) {
+        prefetch_row(kc + ahead.slot() * row + kh * DH, kRowBytes);
+        ahead.next();
+      }
+    }
+    scores4<DH, GB>(qd, k, n, scale, scores + t0, L);
+  }
+  SlotCursor va(table, bs, 0);
+  for (int64_t t = 0; t < std::min(kAhead, L); ++t, va.next())
+    prefetch_row(vc + va.slot() * row + kh * DH, kRowBytes);
+  for (int g = 0; g < GB; ++g) softmax_row(scores + g * L, L);
+  constexpr int kChunk = DH / 8 < 4 ? DH / 8 : 4;  // vectors per pass
+  for (int ch = 0; ch < DH / 8; ch += kChunk) {
+    __m256 acc[GB][kChunk];
+    for (int g = 0; g < GB; ++g)
+      for (int u = 0; u < kChunk; ++u) acc[g][u] = _mm256_setzero_ps();
+    SlotCursor v(table, bs, 0);
+    for (int64_t t = 0; t < L; ++t, v.next()) {
+      if (ch == 0 && t + kAhead < L) {
+        prefetch_row(vc + va.slot() * row + kh * DH, kRowBytes);
+        va.next();
+      }
+      const KV* vr = vc + v.slot() * row + kh * DH + 8 * ch;
+      __m256 p[GB];
+      for (int g = 0; g < GB; ++g) p[g] = _mm256_broadcast_ss(scores + g * L + t);
+      for (int u = 0; u < kChunk; ++u) {
+        const __m256 vv = load8(vr + 8 * u);
+        for (int g = 0; g < GB; ++g) acc[g][u] = _mm256_fmadd_ps(p[g], vv, acc[g][u]);
+      }
+    }
+    for (int g = 0; g < GB; ++g)
+      for (int u = 0; u < kChunk; ++u) _mm256_storeu_ps(od + g * DH + 8 * (ch + u), acc[g][u]);
+  }
+}
+
+// One (sequence, KV head) work item with the head dim known at compile time: its G
+// query heads in passes of up to 3 (the accumulators stay in registers).  The passes
+// only group memory traffic: every value's arithmetic is fixed by the row's query,
+// context and length.
 template <int DH, typename KV>
 static void attend_item(const float* qd, const KV* kc, const KV* vc, const int32_t* table,
                         int64_t L, int64_t G, int64_t row, int64_t bs, int64_t kh, float scale,
                         float* scores, float* od) {
-  constexpr int NV = DH / 8;
-  for (int64_t t0 = 0; t0 < L; t0 += bs) {
-    const KV* kb = kc + ((int64_t)table[t0 / bs] * bs) * row + kh * DH;
-    const int64_t n = std::min(bs, L - t0);
-    for (int64_t j = 0; j < n; ++j) {
-      const KV* k = kb + j * row;
-      __m256 kv[NV];
-      for (int v = 0; v < NV; ++v) kv[v] = load8(k + 8 * v);
-      for (int64_t g = 0; g < G; ++g) {
-        const float* qg = qd + g * DH;
-        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-        for (int v = 0; v < NV; v += 2) {
-          a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 8 * v), kv[v], a0);
-          if (v + 1 < NV) a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 8 * v + 8), kv[v + 1], a1);
-        }
-        scores[g * L + t0 + j] = hsum8(_mm256_add_ps(a0, a1)) * scale;
-      }
-    }
-  }
-  for (int64_t g = 0; g < G; ++g) softmax_row(scores + g * L, L);
-  for (int64_t g = 0; g < G; ++g) {
-    __m256 acc[NV];
-    for (int v = 0; v < NV; ++v) acc[v] = _mm256_setzero_ps();
-    const float* sg = scores + g * L;
-    for (int64_t t0 = 0; t0 < L; t0 += bs) {
-      const KV* vb = vc + ((int64_t)table[t0 / bs] * bs) * row + kh * DH;
-      const int64_t n = std::min(bs, L - t0);
-      for (int64_t j = 0; j < n; ++j) {
-        const __m256 p = _mm256_set1_ps(sg[t0 + j]);
-        const KV* v = vb + j * row;
-        for (int u = 0; u < NV; ++u) acc[u] = _mm256_fmadd_ps(p, load8(v + 8 * u), acc[u]);
-      }
-    }
-    for (int v = 0; v < NV; ++v) _mm256_storeu_ps(od + g * DH + 8 * v, acc[v]);
+  for (int64_t g0 = 0; g0 < G;) {
+    const int64_t gb = std::min<int64_t>(3, G - g0);
+    const float* q = qd + g0 * DH;
+    float* o = od + g0 * DH;
+    if (gb == 3) attend_heads<DH, 3>(q, kc, vc, table, L, row, bs, kh, scale, scores, o);
+    else if (gb == 2) attend_heads<DH, 2>(q, kc, vc, table, L, row, bs, kh, scale, scores, o);
+    else attend_heads<DH, 1>(q, kc, vc, table, L, row, bs, kh, scale, scores, o);
+    g0 += gb;
   }
 }
 static constexpr bool kVecDot = true;
@@ -146,12 +235,10 @@ void attend_rows(const float* q, const KV* kc, const KV* vc, const int32_t* bt,
       const int32_t* table = bt + (int64_t)seq_of[d] * bt_stride;
       float* od = out + (d * H + kh * G) * Dh;
 #ifdef ROSEINFER_AVX2
-      if (Dh == 64) {
-        attend_item<64>(qd, kc, vc, table, L, G, row, bs, kh, scale, scores.data(), od);
-        continue;
-      }
-      if (Dh == 128) {
-        attend_item<128>(qd, kc, vc, table, L, G, row, bs, kh, scale, scores.data(), od);
+      if (Dh == 32 || Dh == 64 || Dh == 128 || Dh == 256) {
+        auto item = Dh == 32 ? attend_item<32, KV> : Dh == 64 ? attend_item<64, KV>
+                  : Dh == 128 ? attend_item<128, KV> : attend_item<256, KV>;
+        item(qd, kc, vc, table, L, G, row, bs, kh, scale, scores.data(), od);
         continue;
       }
 #endif
