@@ -45,8 +45,9 @@ def test_paged_attention_matches_sdpa(head_dim: int, cache_dtype: torch.dtype) -
 def test_paged_attention_row_alone_equals_row_in_batch(
     head_dim: int, heads: tuple[int, int], cache_dtype: torch.dtype
 ) -> None:
-    """A row's output is bitwise the same alone (work split per KV head) and among 40
-    rows (work split per row, all heads in one sweep), at any block size."""
+    """A row's output is bitwise the same alone and among 40 rows of other lengths (its
+    work items then on whichever thread), at any block size, for groups of query heads
+    taken in passes of 3 (9/3), 3 + 1 (8/2) and 1 (4/4)."""
     h, hkv = heads
     gen = torch.Generator().manual_seed(1)
     d, width = 40, 8
