@@ -43,7 +43,8 @@ inline float half_at(const uint8_t* p) {
 }
 
 // One 32-block of a row: dx = max|x| / 32767, xq = rint(x / dx) clamped.
-// sum: the exact sum of the block's xq (as a float: |sum| <= 32 * 32767 < 2^24).
+// sum: the exact sum of the block's xq (as a float: |sum| <= 32 * 32767 < 2^24) times dx,
+// the factor of the Q4_1 minimum term (q8_gemm.h).
 inline void quantize_block_scalar(const float* x, int16_t* q, float* d, float* sum) {
   float amax = 0.f;
   for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
@@ -55,7 +56,7 @@ inline void quantize_block_scalar(const float* x, int16_t* q, float* d, float* s
     q[i] = static_cast<int16_t>(std::min(kActMax, std::max(-kActMax, v)));
     total += q[i];
   }
-  *sum = static_cast<float>(total);
+  *sum = static_cast<float>(total) * dx;
 }
 
 #ifdef ROSEINFER_AVX2
@@ -85,7 +86,7 @@ inline void quantize_block_avx2(const float* x, int16_t* q, float* d, float* sum
   __m128i h4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
   h4 = _mm_add_epi32(h4, _mm_shuffle_epi32(h4, 0x4E));
   h4 = _mm_add_epi32(h4, _mm_shuffle_epi32(h4, 0xB1));
-  *sum = static_cast<float>(_mm_cvtsi128_si32(h4));
+  *sum = static_cast<float>(_mm_cvtsi128_si32(h4)) * dx;
   // The packs work per 128-bit lane: restore the element order with a permutation.
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
                       _mm256_permute4x64_epi64(_mm256_packs_epi32(r[0], r[1]), 0xD8));
@@ -94,7 +95,7 @@ inline void quantize_block_avx2(const float* x, int16_t* q, float* d, float* sum
 }
 #endif
 
-// Rows [0, M) of x -> xq (rows of stride K), dx and sx (block sums of xq) [M, K/32].
+// Rows [0, M) of x -> xq (rows of stride K), dx and sx (block sums of xq times dx) [M, K/32].
 void quantize_rows(const float* x, int64_t M, int64_t K, int16_t* q, float* dx, float* sx,
                    bool portable) {
   const int64_t KB = K / kQ8Block;
@@ -142,7 +143,7 @@ void panels_scalar(const int16_t* xq, const float* dx, const float* sx, int64_t 
             for (int k = 0; k < kQ8Block; ++k) dot += int32_t(xr[k]) * packed_q4(blk, c, k);
             acc[c] = std::fma(static_cast<float>(dot), d * half_at(blk + kQ4ScaleOffset + 2 * c),
                               acc[c]);
-            acc[c] = std::fma(sx[m * KB + j], d * half_at(blk + kQ4ScaleOffset + 32 + 2 * c),
+            acc[c] = std::fma(sx[m * KB + j], half_at(blk + kQ4ScaleOffset + 32 + 2 * c),
                               acc[c]);
             continue;
           }
@@ -153,7 +154,7 @@ void panels_scalar(const int16_t* xq, const float* dx, const float* sx, int64_t 
           if (kind == Kind::I8M) {
             float mw;
             std::memcpy(&mw, blk + kBlockBytes + 4 * c, 4);
-            acc[c] = std::fma(sx[m * KB + j], d * mw, acc[c]);
+            acc[c] = std::fma(sx[m * KB + j], mw, acc[c]);
           }
         }
       }
@@ -272,8 +273,8 @@ void tile_avx2(const int16_t* xq, const float* dx, const float* sx, int64_t K, c
         float* ar = acc + m * kQ8Panel;
         __m256 r0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[m][0]), _mm256_mul_ps(d, dw0), _mm256_load_ps(ar));
         __m256 r1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[m][1]), _mm256_mul_ps(d, dw1), _mm256_load_ps(ar + 8));
-        _mm256_store_ps(ar, _mm256_fmadd_ps(sv, _mm256_mul_ps(d, mw0), r0));
-        _mm256_store_ps(ar + 8, _mm256_fmadd_ps(sv, _mm256_mul_ps(d, mw1), r1));
+        _mm256_store_ps(ar, _mm256_fmadd_ps(sv, mw0, r0));
+        _mm256_store_ps(ar + 8, _mm256_fmadd_ps(sv, mw1, r1));
       }
     } else {
       const uint8_t* blk = w + j * block_bytes_of(KIND);
@@ -288,8 +289,8 @@ void tile_avx2(const int16_t* xq, const float* dx, const float* sx, int64_t K, c
         if constexpr (KIND == Kind::I8M) {
           const float* mwp = reinterpret_cast<const float*>(blk + kBlockBytes);
           const __m256 sv = _mm256_set1_ps(sx[m * KB + j]);
-          r0 = _mm256_fmadd_ps(sv, _mm256_mul_ps(d, _mm256_loadu_ps(mwp)), r0);
-          r1 = _mm256_fmadd_ps(sv, _mm256_mul_ps(d, _mm256_loadu_ps(mwp + 8)), r1);
+          r0 = _mm256_fmadd_ps(sv, _mm256_loadu_ps(mwp), r0);
+          r1 = _mm256_fmadd_ps(sv, _mm256_loadu_ps(mwp + 8), r1);
         }
         _mm256_store_ps(ar, r0);
         _mm256_store_ps(ar + 8, r1);

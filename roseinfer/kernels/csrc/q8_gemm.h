@@ -15,8 +15,9 @@
 // Q4_1 weights (the GGUF's own, exact): q in [0, 15] with a scale d and a minimum m per
 // 32 weights (fp16 values), w = d * q + m.  Then per output element and block:
 //   acc = fma(float(dot_j), dx[m, j] * d[n, j], acc);
-//   acc = fma(float(sx[m, j]), dx[m, j] * m[n, j], acc)
-// with sx the exact sum of the block's quantized activations.  The weights are stored as
+//   acc = fma(sx[m, j], m[n, j], acc)
+// with sx = float(exact sum of the block's quantized activations) * dx[m, j], computed
+// once per row and block when the activations are quantized.  The weights are stored as
 // nibbles (0.625 bytes per weight) and widened in registers for steps of up to 4 rows
 // (memory-bound), and as int8 for larger ones (no unpacking); the integers are the same.
 #pragma once
