@@ -216,19 +216,31 @@ static inline void axpy_any(float* acc, float p, const at::Half* v, int64_t n) {
   for (int64_t i = 0; i < n; ++i) acc[i] += p * static_cast<float>(v[i]);
 }
 
-// One query token per sequence attends to its whole context in the paged cache.
-// Work item = (sequence, KV head): each K/V row is read once for the G query heads
-// that share it.  q [D, H, Dh]; out [D, H, Dh].
+// Every query row attends to the first lens[d] positions of its sequence in the paged
+// cache.  Work item = (row, KV head): each K/V row is read once for the G query heads
+// that share it.  Items run in the order (run of consecutive rows of one sequence, KV
+// head, row): the rows of a prefill chunk or of a speculative verification then read
+// one head's K/V one after another, from cache after the first.  q [D, H, Dh]; out
+// [D, H, Dh].
 template <typename KV>
 void attend_rows(const float* q, const KV* kc, const KV* vc, const int32_t* bt,
                       int64_t bt_stride, const int32_t* seq_of, const int32_t* lens, int64_t D,
                       int64_t H, int64_t Hkv, int64_t Dh, int64_t bs, float scale, float* out) {
   const int64_t G = H / Hkv;
   const int64_t row = Hkv * Dh;  // floats between consecutive slots
+  std::vector<int64_t> order;  // item = d * Hkv + kh, in run order
+  order.reserve(D * Hkv);
+  for (int64_t r0 = 0; r0 < D;) {
+    int64_t r1 = r0 + 1;
+    while (r1 < D && seq_of[r1] == seq_of[r0]) ++r1;
+    for (int64_t kh = 0; kh < Hkv; ++kh)
+      for (int64_t d = r0; d < r1; ++d) order.push_back(d * Hkv + kh);
+    r0 = r1;
+  }
   at::parallel_for(0, D * Hkv, 1, [&](int64_t b0, int64_t e0) {
     std::vector<float> scores;
-    for (int64_t item = b0; item < e0; ++item) {
-      const int64_t d = item / Hkv, kh = item % Hkv;
+    for (int64_t i = b0; i < e0; ++i) {
+      const int64_t item = order[i], d = item / Hkv, kh = item % Hkv;
       const int64_t L = lens[d];
       scores.resize(G * L);
       const float* qd = q + (d * H + kh * G) * Dh;
