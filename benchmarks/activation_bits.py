@@ -1,0 +1,96 @@
+"""Quality of 8-bit activations, layer by layer: the measurement behind the next GEMM.
+
+The default ``int8`` format multiplies int16 activations (one scale per row and 32
+values) with ``vpmaddwd``. 8-bit activations would let AVX2 use ``vpmaddubsw`` against
+the Q4_1 weights (unsigned 0..15) and add 8 steps in int16 before widening: half the
+instructions per multiply-add. Whether the default may do that is decided by the
+quality gate of ``tests/model/test_quantize.py`` (the 1,128-token text scored with
+prompt logprobs: top-1 agreement with fp32 >= 98%, perplexity within 1%).
+
+This script measures the gate with activations rounded to 8 bits (per row and
+32-block, round to nearest even, like the kernels' quantizer) in front of chosen
+linear layers, in the exact fp32 PyTorch path (``ROSEINFER_CPU_KERNELS=0``, weights
+= the GGUF's Q4_1 values), so no kernel has to exist first:
+
+    .venv/bin/python benchmarks/activation_bits.py [--bits 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+TEXT = Path(__file__).resolve().parents[1] / "tests" / "data" / "quality_text.txt"
+LAYER_SETS: dict[str, tuple[str, ...]] = {
+    "qkv, o, gate_up": ("qkv_proj", "o_proj", "gate_up_proj"),
+    "qkv, gate_up": ("qkv_proj", "gate_up_proj"),
+    "qkv, o, gate_up, down": ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"),
+}
+
+
+def round_blocks(bits: int) -> Callable[[nn.Module, tuple[Tensor, ...]], tuple[Tensor]]:
+    """A forward pre-hook rounding the input to ``bits`` per row and 32-block."""
+    qmax = 2 ** (bits - 1) - 1
+
+    def hook(_module: nn.Module, args: tuple[Tensor, ...]) -> tuple[Tensor]:
+        x = args[0]
+        blocks = x.reshape(-1, x.shape[-1] // 32, 32)
+        scale = blocks.abs().amax(-1, keepdim=True) / qmax
+        scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+        return (torch.round(blocks / scale).clamp(-qmax, qmax) * scale).reshape(x.shape),
+
+    return hook
+
+
+def prompt_stats(llm: object) -> tuple[list[float], list[int]]:
+    """Logprob of each actual next token and the top-1 token, per position."""
+    from roseinfer.sampling_params import SamplingParams
+
+    out = llm.generate(TEXT.read_text(), SamplingParams(max_tokens=1, prompt_logprobs=1))[0]
+    entries, targets = out.prompt_logprobs[1:], out.prompt_token_ids[1:]
+    logprobs = [e[t].logprob for e, t in zip(entries, targets, strict=True)]
+    top1 = [next(tid for tid, lp in e.items() if lp.rank == 1) for e in entries]
+    return logprobs, top1
+
+
+def measure(llm: object, model: nn.Module, names: Sequence[str], bits: int,
+            ref: tuple[list[float], list[int]]) -> tuple[float, float, int]:
+    """(perplexity change in %, top-1 agreement in %, layers rounded)."""
+    hooks = [m.register_forward_pre_hook(round_blocks(bits))
+             for n, m in model.named_modules() if n.rsplit(".", 1)[-1] in names]
+    try:
+        logprobs, top1 = prompt_stats(llm)
+    finally:
+        for h in hooks:
+            h.remove()
+    ppl_ref = math.exp(-sum(ref[0]) / len(ref[0]))
+    ppl = math.exp(-sum(logprobs) / len(logprobs))
+    agree = sum(a == b for a, b in zip(ref[1], top1, strict=True)) / len(top1)
+    return 100 * (ppl / ppl_ref - 1), 100 * agree, len(hooks)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bits", type=int, default=8)
+    args = ap.parse_args()
+    os.environ["ROSEINFER_CPU_KERNELS"] = "0"  # the exact fp32 PyTorch path, hookable
+    from roseinfer.llm import LLM
+
+    llm = LLM(quantization="none", max_num_batched_tokens=512)
+    model = llm.engine.runner.model
+    ref = prompt_stats(llm)
+    print(f"| activations rounded to {args.bits} bits in front of | layers | perplexity "
+          "vs fp32 | top-1 agreement |\n|---|---|---|---|")
+    for label, names in LAYER_SETS.items():
+        dppl, agree, count = measure(llm, model, names, args.bits, ref)
+        print(f"| {label} | {count} | {dppl:+.2f}% | {agree:.2f}% |")
+
+
+if __name__ == "__main__":
+    main()
