@@ -93,12 +93,13 @@ def make_int8_linear(q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor |
 
 
 def make_q4_linear(q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
-                   bias: torch.Tensor | None) -> object:
+                   bias: torch.Tensor | None, act8: bool = False) -> object:
     """A ``torch.classes.roseinfer.Linear`` over Q4_1 weights as ``q4_1.recover_q4_1``
     gives them: q int8 [N, K] in [0, 15], scales and mins float32 [N, K / 32]; the kernel
-    ``make_linear(w, b, fp16, int8=True)`` builds from a Q4_1 ``w``."""
+    ``make_linear(w, b, fp16, int8=True)`` builds from a Q4_1 ``w``.  ``act8``: against
+    activations quantized to int8 (csrc/q4_act8.h) instead of int16."""
     linear = _bare_linear(q, bias)
-    _pack(q, lambda: linear.set_q4_weight(q, scales, mins))
+    _pack(q, lambda: linear.set_q4_weight(q, scales, mins, act8))
     return linear
 
 

@@ -1,6 +1,9 @@
-"""The default model (SmolLM2-135M, Q4_1 GGUF -> int8 / Q4_1 kernels) over 2 ranks: 9
-query heads and 3 KV heads split 6 + 3 / 2 + 1.  Under batching, chunked prefill and
-preemption its greedy tokens equal one process's (which runs the C++ decoder stack)."""
+"""The default model (SmolLM2-135M, Q4_1 GGUF) over 2 ranks: 9 query heads and 3 KV
+heads split 6 + 3 / 2 + 1.  Under batching, chunked prefill and preemption its greedy
+tokens equal one process's (which runs the C++ decoder stack), in exact fp32 weights:
+the row-parallel sums add the ranks' partial sums in another order than one process,
+and the default format's int8 activations (gate/up) can turn such a last-bit difference
+into another token some steps later (one of these six prompts, at its 9th token)."""
 
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ PROMPTS = [
     "Translate to French: 'Good morning, how are you today, my friend?' ->",
 ]
 OPTIONS = dict(num_threads=1, max_num_batched_tokens=32, num_kv_blocks=8, block_size=16,
-               weight_cache=False)
+               weight_cache=False, quantization="none")
 
 
 def _run(size: int) -> tuple[list[list[int]], int]:

@@ -151,6 +151,49 @@ def test_linear_kernel_q4_1_exact_weights(rows: int) -> None:
         assert torch.equal(lin.forward(x[r:r + 1].clone()), got[r:r + 1])
 
 
+def _act8_reference(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor,
+                    b: torch.Tensor) -> torch.Tensor:
+    """csrc/q4_act8.h's arithmetic in float64 (exact for these small integers) and with
+    its fp32 roundings: per 32-block, int8 activations, exact integer dots, then
+    acc = fma(dot, dx * d, acc); acc = fma(sum(xq) * dx, m, acc)."""
+    rows, k = x.shape
+    xb = x.view(rows, k // 32, 32)
+    dx = xb.abs().amax(-1) / 127.0  # [rows, KB] fp32
+    safe = torch.where(dx == 0, torch.ones_like(dx), dx)
+    xq = torch.round(xb / safe[..., None]).clamp(-127, 127)  # [rows, KB, 32]
+    sx = (xq.sum(-1) * dx).float()  # fp32 product of an exact integer
+    dots = torch.einsum("rjk,njk->rnj", xq.double(), q.double().view(-1, k // 32, 32))
+    acc = torch.zeros(rows, q.shape[0], dtype=torch.float32)
+    for j in range(k // 32):
+        scale = (dx[:, j:j + 1] * d[None, :, j]).float()  # fp32 product
+        acc = (dots[..., j] * scale.double() + acc.double()).float()  # one rounding: fma
+        acc = (sx[:, j:j + 1].double() * m[None, :, j].double() + acc.double()).float()
+    return acc + b
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 7, 16, 64])
+def test_linear_kernel_q4_1_int8_activations(rows: int) -> None:
+    """Q4_1 weights against int8 activations (vpmaddubsw): bitwise the documented
+    arithmetic (an exact float64 model of it), the portable kernel, each row alone, and
+    nibbles (up to 4 rows) vs bytes (more) give the same integers."""
+    from roseinfer.kernels import make_q4_linear
+    from roseinfer.kernels.q4_1 import recover_q4_1
+
+    gen = torch.Generator().manual_seed(5)
+    w = _q4_1_weight(40, 128, gen)
+    q, d, m = recover_q4_1(w)
+    b = torch.randn(40, generator=gen)
+    lin = make_q4_linear(q, d, m, b, act8=True)
+    x = torch.randn(rows, 128, generator=gen) * 3
+    x[0, :32] = 0.0  # a zero block: dx = 0
+    got = lin.forward(x)
+    assert torch.equal(got, _act8_reference(x, q, d, m, b))
+    assert torch.equal(lin.forward_portable(x), got)
+    for r in range(rows):
+        assert torch.equal(lin.forward(x[r:r + 1].clone()), got[r:r + 1])
+    torch.testing.assert_close(got, F.linear(x, w, b), rtol=0.05, atol=0.5)
+
+
 def _tiny_llama(bias: bool) -> torch.nn.Module:
     cfg = transformers.LlamaConfig(
         vocab_size=97, hidden_size=64, intermediate_size=80, num_hidden_layers=3,

@@ -2,7 +2,8 @@
 //   torch.classes.roseinfer.Linear(weight[N,K] f32, bias[N]|None, fp16: bool)
 //       .set_bf16_weight(weight[N,K] bf16, min_rows): bf16 GEMM for inputs of >= min_rows
 //       .set_int8_weight(q[N,K] int8, scales[N,K/32] f32): int8 x int16 (q8_gemm.h), every input
-//       .set_q4_weight(q[N,K] int8 in [0,15], scales, mins [N,K/32] f32): Q4_1 as it is
+//       .set_q4_weight(q[N,K] int8 in [0,15], scales, mins [N,K/32] f32, act8): Q4_1 as it
+//           is (act8: against int8 activations)
 //       .forward_portable(x): the int8 format's portable kernel (tests)
 //   torch.classes.roseinfer.LlamaStack(hidden, heads, kv_heads, head_dim, inter, eps, final_norm)
 //   torch.ops.roseinfer.paged_attention(q, kv_cache, block_tables, token_seq, token_lens,

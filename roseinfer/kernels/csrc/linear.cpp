@@ -101,12 +101,12 @@ void Linear::set_int8_weight(at::Tensor q, at::Tensor scales) {
   weight_bf16 = at::Tensor();
 }
 
-void Linear::set_q4_weight(at::Tensor q, at::Tensor scales, at::Tensor mins) {
+void Linear::set_q4_weight(at::Tensor q, at::Tensor scales, at::Tensor mins, bool act8) {
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kChar && q.size(0) == out_features &&
                   q.size(1) == in_features && in_features % 32 == 0,
               "Linear.set_q4_weight: expected int8 [out_features, in_features] in [0, 15], "
               "in_features a multiple of 32");
-  q8 = std::make_shared<Q8Gemm>(q, scales, mins);
+  q8 = std::make_shared<Q8Gemm>(q, scales, mins, act8);
   panels.reset();
   weight = at::Tensor();
   weight_bf16 = at::Tensor();

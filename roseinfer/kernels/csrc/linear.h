@@ -40,7 +40,8 @@ struct Linear : torch::CustomClassHolder {
   Linear(at::Tensor w, std::optional<at::Tensor> b, bool fp16);
   void set_bf16_weight(at::Tensor w, int64_t min_rows);
   void set_int8_weight(at::Tensor q, at::Tensor scales);
-  void set_q4_weight(at::Tensor q, at::Tensor scales, at::Tensor mins);  // Q4_1, exact
+  // Q4_1, exact; act8: against int8 activations (q4_act8.h)
+  void set_q4_weight(at::Tensor q, at::Tensor scales, at::Tensor mins, bool act8);
   void run(const at::Tensor& x, at::Tensor& y) const;  // x [M,K] contiguous, y [M,N]
   at::Tensor forward(at::Tensor x);
   at::Tensor forward_portable(at::Tensor x);  // int8: the portable kernel (tests)

@@ -3,6 +3,8 @@
 // broadcast int16 pairs of the activations: exact int32 block dots), the portable kernel
 // (same results) and the driver.
 #include "q8_gemm.h"
+#include "q4_act8.h"
+#include "q8_tiles.h"
 
 #include <cstring>
 #include <memory>
@@ -35,11 +37,6 @@ inline int packed_q4(const uint8_t* blk, int c, int k) {
   const int b = 2 * c + k % 2;  // byte of the int8 layout's step
   const uint8_t v = blk[(k / 2) * kQ4StepBytes + b % 16];
   return b < 16 ? (v & 15) : (v >> 4);
-}
-inline float half_at(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return static_cast<float>(c10::Half(h, c10::Half::from_bits()));
 }
 
 // One 32-block of a row: dx = max|x| / 32767, xq = rint(x / dx) clamped.
@@ -111,16 +108,6 @@ void quantize_rows(const float* x, int64_t M, int64_t K, int16_t* q, float* dx, 
       quantize_block_scalar(x + b * kQ8Block, q + b * kQ8Block, dx + b, sx + b);
     }
   });
-}
-
-// y rows [0, mr) x columns [n0, n0 + nc) from the accumulators: y = acc + b (or acc).
-inline void store_tile(const float* acc, int64_t mr, int64_t n0, int64_t nc, const float* bias,
-                       float* y, int64_t N) {
-  for (int64_t m = 0; m < mr; ++m) {
-    float* yr = y + m * N + n0;
-    const float* ar = acc + m * kQ8Panel;
-    for (int64_t c = 0; c < nc; ++c) yr[c] = bias ? ar[c] + bias[n0 + c] : ar[c];
-  }
 }
 
 // Portable kernel: one output element at a time, the same fp operations.
@@ -313,19 +300,6 @@ void tile_avx2_rows(int64_t mr, const int16_t* xm, const float* dm, const float*
 }
 #endif  // ROSEINFER_AVX2
 
-// Row tiles of at most mr_max rows over [m0, m1), sizes balanced (16 rows -> 4 x 4).
-template <typename F>
-inline void for_row_tiles(int64_t m0, int64_t m1, int64_t mr_max, F&& f) {
-  const int64_t n = m1 - m0;
-  if (n <= 0) return;
-  const int64_t tiles = (n + mr_max - 1) / mr_max, base = n / tiles, extra = n % tiles;
-  for (int64_t t = 0, m = m0; t < tiles; ++t) {
-    const int64_t mr = base + (t < extra ? 1 : 0);
-    f(m, mr);
-    m += mr;
-  }
-}
-
 // Output panels split over the threads; per thread, rows in chunks whose activations
 // stay in L2, each panel (~K/2 KB, in L1) then swept by register tiles of rows.
 void gemm(const Q8Gemm& g, const float* x, int64_t M, const float* bias, float* y,
@@ -376,7 +350,7 @@ void q8_quantize_act(const float* x, int64_t M, int64_t K, int16_t* xq, float* d
 }
 
 Q8Gemm::Q8Gemm(const at::Tensor& q_, const at::Tensor& scales_,
-               const c10::optional<at::Tensor>& mins_) {
+               const c10::optional<at::Tensor>& mins_, bool act8_) {
   TORCH_CHECK(q_.dim() == 2 && q_.scalar_type() == at::kChar && q_.size(1) % kQ8Block == 0,
               "Q8Gemm: expected int8 weights [N, K] with K % 32 == 0");
   N = q_.size(0);
@@ -397,6 +371,13 @@ Q8Gemm::Q8Gemm(const at::Tensor& q_, const at::Tensor& scales_,
                 "Q8Gemm: Q4_1 scales and mins must be exact fp16 values");
   } else {
     TORCH_CHECK(!(q == -128).any().item<bool>(), "Q8Gemm: weights must lie in [-127, 127]");
+  }
+  act8 = act8_;
+  TORCH_CHECK(!act8 || q4, "Q8Gemm: int8 activations need Q4_1 weights");
+  if (act8) {
+    packed = pack_q4_act8(q, sc, mn, false);
+    packed4 = pack_q4_act8(q, sc, mn, true);
+    return;
   }
   const int8_t* qp = q.data_ptr<int8_t>();
   const float* sp = sc.data_ptr<float>();
@@ -438,11 +419,17 @@ Q8Gemm::Q8Gemm(const at::Tensor& q_, const at::Tensor& scales_,
 }
 
 void Q8Gemm::run(const float* x, int64_t M, const float* bias, float* y) const {
-  gemm(*this, x, M, bias, y, false);
+  if (act8)
+    gemm_q4_act8(packed.data_ptr<uint8_t>(), packed4.data_ptr<uint8_t>(), N, K, x, M, bias, y, false);
+  else
+    gemm(*this, x, M, bias, y, false);
 }
 
 void Q8Gemm::run_reference(const float* x, int64_t M, const float* bias, float* y) const {
-  gemm(*this, x, M, bias, y, true);
+  if (act8)
+    gemm_q4_act8(packed.data_ptr<uint8_t>(), packed4.data_ptr<uint8_t>(), N, K, x, M, bias, y, true);
+  else
+    gemm(*this, x, M, bias, y, true);
 }
 
 }  // namespace roseinfer

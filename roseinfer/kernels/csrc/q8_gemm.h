@@ -8,8 +8,9 @@
 // (|dot_j| <= 32 * 32767 * 127 < 2^31).  Integer sums are exact, so their order is free:
 // the result depends only on (x[m, :], q[n, :], dw[n, :]), never on M, the row's
 // position, the tiling, the threads or the ISA path (docs/CONTRACTS.md, batch
-// invariance).  int16 activations keep the quality of fp32 ones (relative step 3e-5;
-// int8 activations cost ~2 points of top-1, see model/quantize.py).
+// invariance).  int16 activations keep the quality of fp32 ones (relative step 3e-5);
+// int8 ones cost top-1 agreement, so only some layers take them (q4_act8.h,
+// model/quantize.py act8_layer).
 // Weights are packed once into 16-column panels, split over the intra-op threads; row
 // tiles of up to 5 rows share each widened weight load.
 // Q4_1 weights (the GGUF's own, exact): q in [0, 15] with a scale d and a minimum m per
@@ -41,12 +42,14 @@ struct Q8Gemm {
   at::Tensor packed;   // uint8
   at::Tensor packed4;  // uint8, Q4_1 nibbles (q4 only)
   int64_t N = 0, K = 0;
-  bool q4 = false;  // Q4_1 weights
+  bool q4 = false;    // Q4_1 weights
+  bool act8 = false;  // Q4_1 against int8 activations (q4_act8.h: its own packings)
 
   // q int8 [N, K] (K % 32 == 0, no -128), scales fp32 [N, K/32]; with mins (fp32
-  // [N, K/32]): Q4_1, q in [0, 15], scales and mins exact in fp16.
+  // [N, K/32]): Q4_1, q in [0, 15], scales and mins exact in fp16; act8 (Q4_1 only):
+  // activations quantized to int8 instead of int16.
   Q8Gemm(const at::Tensor& q, const at::Tensor& scales,
-         const c10::optional<at::Tensor>& mins = c10::nullopt);
+         const c10::optional<at::Tensor>& mins = c10::nullopt, bool act8 = false);
   // x [M, K] row-major fp32, y [M, N] row-major fp32, bias [N] or null.
   void run(const float* x, int64_t M, const float* bias, float* y) const;
   // The portable kernel (same results; for tests on any machine).

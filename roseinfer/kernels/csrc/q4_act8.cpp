@@ -1,0 +1,343 @@
+// Q4_1 weights x int8 activations (see q4_act8.h): packing, the int8 activation
+// quantization, the AVX2 kernel (vpmaddubsw into int16, one vpmaddwd per block), the
+// portable kernel (same results) and the driver.
+#include "q4_act8.h"
+
+#include <cstring>
+#include <memory>
+
+#include "q8_tiles.h"
+
+namespace roseinfer {
+
+namespace {
+
+constexpr int64_t kStepBytes = 64;                              // 16 columns x 4 k
+constexpr int64_t kBytesScale = 8 * kStepBytes;                 // fp32 d, then fp32 m
+constexpr int64_t kBytesBlock = kBytesScale + 8 * kQ8Panel;     // 640
+constexpr int64_t kNibStep = 32;                                // 64 nibbles
+constexpr int64_t kNibScale = 8 * kNibStep;                     // fp16 d, then fp16 m
+constexpr int64_t kNibBlock = kNibScale + 4 * kQ8Panel;         // 320
+constexpr int64_t kNibMaxRows = 4;  // up to this many rows read the nibbles
+constexpr float kActMax = 127.f;
+
+// Byte of weight (column c, k) in a block of the bytes layout.
+inline int64_t byte_of(int c, int k) {
+  return (k / 4) * kStepBytes + (c / 8) * 32 + (c % 8) * 4 + k % 4;
+}
+inline int weight_at(const uint8_t* blk, bool nib, int c, int k) {
+  const int64_t b = byte_of(c, k);
+  if (!nib) return blk[b];
+  const int64_t within = b % kStepBytes;
+  const uint8_t v = blk[(k / 4) * kNibStep + within % 32];
+  return within < 32 ? (v & 15) : (v >> 4);
+}
+inline float scale_at(const uint8_t* blk, bool nib, int which, int c) {  // 0: d, 1: m
+  if (nib) return half_at(blk + kNibScale + 32 * which + 2 * c);
+  float v;
+  std::memcpy(&v, blk + kBytesScale + 64 * which + 4 * c, 4);
+  return v;
+}
+
+// One 32-block of a row: dx = max|x| / 127, xq = rint(x / dx) clamped; sum = float(sum
+// of xq) * dx.
+inline void quantize_block_scalar(const float* x, int8_t* q, float* d, float* sum) {
+  float amax = 0.f;
+  for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float dx = amax / kActMax;
+  *d = dx;
+  int32_t total = 0;
+  for (int i = 0; i < 32; ++i) {
+    const float v = dx == 0.f ? 0.f : std::nearbyint(x[i] / dx);
+    q[i] = static_cast<int8_t>(std::min(kActMax, std::max(-kActMax, v)));
+    total += q[i];
+  }
+  *sum = static_cast<float>(total) * dx;
+}
+
+#ifdef ROSEINFER_AVX2
+// The same values as quantize_block_scalar.
+inline void quantize_block_avx2(const float* x, int8_t* q, float* d, float* sum) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 v[4];
+  for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(x + 8 * i);
+  const __m256 m = _mm256_max_ps(
+      _mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
+      _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_movehdup_ps(h));
+  const float dx = _mm_cvtss_f32(h) / kActMax;
+  *d = dx;
+  const __m256 dv = _mm256_set1_ps(dx == 0.f ? 1.f : dx);  // dx = 0: x = 0, so q = 0
+  const __m256 lo = _mm256_set1_ps(-kActMax), hi = _mm256_set1_ps(kActMax);
+  __m256i r[4];
+  for (int i = 0; i < 4; ++i) {
+    const __m256 t = _mm256_round_ps(_mm256_div_ps(v[i], dv),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r[i] = _mm256_cvtps_epi32(_mm256_min_ps(hi, _mm256_max_ps(lo, t)));
+  }
+  const __m256i t = _mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3]));
+  __m128i h4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+  h4 = _mm_add_epi32(h4, _mm_shuffle_epi32(h4, 0x4E));
+  h4 = _mm_add_epi32(h4, _mm_shuffle_epi32(h4, 0xB1));
+  *sum = static_cast<float>(_mm_cvtsi128_si32(h4)) * dx;
+  // The packs work per 128-bit lane: restore the element order with permutations.
+  const __m256i w01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(r[0], r[1]), 0xD8);
+  const __m256i w23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(r[2], r[3]), 0xD8);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
+                      _mm256_permute4x64_epi64(_mm256_packs_epi16(w01, w23), 0xD8));
+}
+#endif
+
+void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* dx, float* sx,
+                   bool portable) {
+  const int64_t KB = K / kQ8Block;
+  at::parallel_for(0, M * KB, 4096, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+#ifdef ROSEINFER_AVX2
+      if (!portable) {
+        quantize_block_avx2(x + b * kQ8Block, q + b * kQ8Block, dx + b, sx + b);
+        continue;
+      }
+#endif
+      quantize_block_scalar(x + b * kQ8Block, q + b * kQ8Block, dx + b, sx + b);
+    }
+  });
+}
+
+// Portable kernel: one output element at a time, the same fp operations.
+void panels_scalar(const int8_t* xq, const float* dx, const float* sx, int64_t M, int64_t K,
+                   const uint8_t* wp, bool nib, int64_t p0, int64_t p1, const float* bias,
+                   float* y, int64_t N) {
+  const int64_t KB = K / kQ8Block, bb = nib ? kNibBlock : kBytesBlock;
+  float acc[kQ8Panel];
+  for (int64_t p = p0; p < p1; ++p) {
+    for (int64_t m = 0; m < M; ++m) {
+      for (int c = 0; c < kQ8Panel; ++c) acc[c] = 0.f;
+      for (int64_t j = 0; j < KB; ++j) {
+        const uint8_t* blk = wp + (p * KB + j) * bb;
+        const int8_t* xr = xq + m * K + j * kQ8Block;
+        const float d = dx[m * KB + j];
+        for (int c = 0; c < kQ8Panel; ++c) {
+          int32_t dot = 0;
+          for (int k = 0; k < kQ8Block; ++k) dot += int32_t(xr[k]) * weight_at(blk, nib, c, k);
+          acc[c] = std::fma(static_cast<float>(dot), d * scale_at(blk, nib, 0, c), acc[c]);
+          acc[c] = std::fma(sx[m * KB + j], scale_at(blk, nib, 1, c), acc[c]);
+        }
+      }
+      const int64_t n0 = p * kQ8Panel;
+      store_tile(acc, 1, n0, std::min<int64_t>(kQ8Panel, N - n0), bias, y + m * N, N);
+    }
+  }
+}
+
+#ifdef ROSEINFER_AVX2
+// The integer part of one 32-block for MR rows x 16 columns, in inline asm (GCC spills
+// an intrinsics version): 8 steps of four k; per step the 16 columns' weights (two
+// vectors of 8 columns x 4 unsigned bytes) meet each row's four int8 activations,
+// broadcast, in vpmaddubsw (int16 pairs) and add up in int16 accumulators.
+#define A8_HEAD_BYTES \
+  "1:\n\tprefetcht0 2048(%[w])\n\tvmovdqu (%[w]), %%ymm12\n\tvmovdqu 32(%[w]), %%ymm13\n\t"
+#define A8_HEAD_NIB                                                                       \
+  "1:\n\tprefetcht0 1024(%[w])\n\tvmovdqu (%[w]), %%ymm12\n\tvpsrlw $4, %%ymm12, %%ymm13\n\t" \
+  "vpand %[mask], %%ymm12, %%ymm12\n\tvpand %[mask], %%ymm13, %%ymm13\n\t"
+#define A8_TAIL_BYTES "add $64, %[w]\n\tadd $4, %[s]\n\tcmp $32, %[s]\n\tjne 1b\n\t"
+#define A8_TAIL_NIB "add $32, %[w]\n\tadd $4, %[s]\n\tcmp $32, %[s]\n\tjne 1b\n\t"
+#define A8_ROW(m)                                  \
+  "vpbroadcastd (%[x" #m "],%[s]), %%ymm14\n\t"    \
+  "vpmaddubsw %%ymm14, %%ymm12, %%ymm15\n\t"       \
+  "vpaddw %%ymm15, %[a" #m "0], %[a" #m "0]\n\t"   \
+  "vpmaddubsw %%ymm14, %%ymm13, %%ymm14\n\t"       \
+  "vpaddw %%ymm14, %[a" #m "1], %[a" #m "1]\n\t"
+#define A8_ACC(m) [a##m##0] "+x"(a[m][0]), [a##m##1] "+x"(a[m][1])
+#define A8_TMP [w] "+r"(wp), [s] "+r"(s)
+#define A8_CLOBBER "cc", "memory", "xmm12", "xmm13", "xmm14", "xmm15"
+#define A8_BLOCK(HEAD, TAIL)                                                               \
+  if constexpr (MR == 1) {                                                                 \
+    asm volatile(HEAD A8_ROW(0) TAIL                                                       \
+                 : A8_ACC(0), A8_TMP                                                       \
+                 : [x0] "r"(xr[0]), [mask] "x"(mask)                                       \
+                 : A8_CLOBBER);                                                            \
+  } else if constexpr (MR == 2) {                                                          \
+    asm volatile(HEAD A8_ROW(0) A8_ROW(1) TAIL                                             \
+                 : A8_ACC(0), A8_ACC(1), A8_TMP                                            \
+                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), [mask] "x"(mask)                      \
+                 : A8_CLOBBER);                                                            \
+  } else if constexpr (MR == 3) {                                                          \
+    asm volatile(HEAD A8_ROW(0) A8_ROW(1) A8_ROW(2) TAIL                                   \
+                 : A8_ACC(0), A8_ACC(1), A8_ACC(2), A8_TMP                                 \
+                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), [x2] "r"(xr[2]), [mask] "x"(mask)     \
+                 : A8_CLOBBER);                                                            \
+  } else if constexpr (MR == 4) {                                                          \
+    asm volatile(HEAD A8_ROW(0) A8_ROW(1) A8_ROW(2) A8_ROW(3) TAIL                         \
+                 : A8_ACC(0), A8_ACC(1), A8_ACC(2), A8_ACC(3), A8_TMP                      \
+                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), [x2] "r"(xr[2]), [x3] "r"(xr[3]),     \
+                   [mask] "x"(mask)                                                        \
+                 : A8_CLOBBER);                                                            \
+  } else {                                                                                 \
+    static_assert(MR == 5, "tile rows: 1..5");                                             \
+    asm volatile(HEAD A8_ROW(0) A8_ROW(1) A8_ROW(2) A8_ROW(3) A8_ROW(4) TAIL               \
+                 : A8_ACC(0), A8_ACC(1), A8_ACC(2), A8_ACC(3), A8_ACC(4), A8_TMP           \
+                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), [x2] "r"(xr[2]), [x3] "r"(xr[3]),     \
+                   [x4] "r"(xr[4]), [mask] "x"(mask)                                       \
+                 : A8_CLOBBER);                                                            \
+  }
+
+template <int MR, bool NIB>
+inline void block_int(const int8_t* const* xr, const uint8_t* wp, __m256i (&a)[MR][2]) {
+  int64_t s = 0;
+  const __m256i mask = _mm256_set1_epi8(15);
+  if constexpr (NIB) {
+    A8_BLOCK(A8_HEAD_NIB, A8_TAIL_NIB)
+  } else {
+    A8_BLOCK(A8_HEAD_BYTES, A8_TAIL_BYTES)
+  }
+}
+#undef A8_BLOCK
+#undef A8_HEAD_BYTES
+#undef A8_HEAD_NIB
+#undef A8_TAIL_BYTES
+#undef A8_TAIL_NIB
+#undef A8_ROW
+#undef A8_ACC
+#undef A8_TMP
+#undef A8_CLOBBER
+
+// Rows [0, MR) x one panel (w: its first block) into y (+ bias).
+template <int MR, bool NIB>
+void tile(const int8_t* xq, const float* dx, const float* sx, int64_t K, const uint8_t* w,
+          int64_t n0, const float* bias, float* y, int64_t N) {
+  const int64_t KB = K / kQ8Block;
+  const __m256i ones = _mm256_set1_epi16(1);
+  alignas(64) float acc[MR * kQ8Panel] = {};
+  for (int64_t j = 0; j < KB; ++j) {
+    __m256i a[MR][2];
+    const int8_t* xr[MR];
+    for (int m = 0; m < MR; ++m) {
+      a[m][0] = a[m][1] = _mm256_setzero_si256();
+      xr[m] = xq + m * K + j * kQ8Block;
+    }
+    const uint8_t* blk = w + j * (NIB ? kNibBlock : kBytesBlock);
+    block_int<MR, NIB>(xr, blk, a);
+    __m256 dw0, dw1, mw0, mw1;
+    if constexpr (NIB) {
+      const __m128i* hp = reinterpret_cast<const __m128i*>(blk + kNibScale);
+      dw0 = _mm256_cvtph_ps(_mm_loadu_si128(hp));
+      dw1 = _mm256_cvtph_ps(_mm_loadu_si128(hp + 1));
+      mw0 = _mm256_cvtph_ps(_mm_loadu_si128(hp + 2));
+      mw1 = _mm256_cvtph_ps(_mm_loadu_si128(hp + 3));
+    } else {
+      const float* fp = reinterpret_cast<const float*>(blk + kBytesScale);
+      dw0 = _mm256_loadu_ps(fp), dw1 = _mm256_loadu_ps(fp + 8);
+      mw0 = _mm256_loadu_ps(fp + 16), mw1 = _mm256_loadu_ps(fp + 24);
+    }
+    for (int m = 0; m < MR; ++m) {
+      const __m256 d = _mm256_set1_ps(dx[m * KB + j]), sv = _mm256_set1_ps(sx[m * KB + j]);
+      float* ar = acc + m * kQ8Panel;
+      const __m256 i0 = _mm256_cvtepi32_ps(_mm256_madd_epi16(a[m][0], ones));
+      const __m256 i1 = _mm256_cvtepi32_ps(_mm256_madd_epi16(a[m][1], ones));
+      const __m256 r0 = _mm256_fmadd_ps(i0, _mm256_mul_ps(d, dw0), _mm256_load_ps(ar));
+      const __m256 r1 = _mm256_fmadd_ps(i1, _mm256_mul_ps(d, dw1), _mm256_load_ps(ar + 8));
+      _mm256_store_ps(ar, _mm256_fmadd_ps(sv, mw0, r0));
+      _mm256_store_ps(ar + 8, _mm256_fmadd_ps(sv, mw1, r1));
+    }
+  }
+  store_tile(acc, MR, n0, std::min<int64_t>(kQ8Panel, N - n0), bias, y, N);
+}
+
+template <bool NIB>
+void tile_rows(int64_t mr, const int8_t* xm, const float* dm, const float* sm, int64_t K,
+               const uint8_t* panel, int64_t n0, const float* bias, float* ym, int64_t N) {
+  switch (mr) {
+    case 1: tile<1, NIB>(xm, dm, sm, K, panel, n0, bias, ym, N); break;
+    case 2: tile<2, NIB>(xm, dm, sm, K, panel, n0, bias, ym, N); break;
+    case 3: tile<3, NIB>(xm, dm, sm, K, panel, n0, bias, ym, N); break;
+    case 4: tile<4, NIB>(xm, dm, sm, K, panel, n0, bias, ym, N); break;
+    default: tile<5, NIB>(xm, dm, sm, K, panel, n0, bias, ym, N); break;
+  }
+}
+#endif  // ROSEINFER_AVX2
+
+}  // namespace
+
+at::Tensor pack_q4_act8(const at::Tensor& q_, const at::Tensor& d_, const at::Tensor& m_,
+                        bool nibbles) {
+  const auto q = q_.contiguous();
+  const auto ds = d_.contiguous();
+  const auto ms = m_.contiguous();
+  const int64_t N = q.size(0), K = q.size(1), KB = K / kQ8Block;
+  const int64_t NP = (N + kQ8Panel - 1) / kQ8Panel, bb = nibbles ? kNibBlock : kBytesBlock;
+  const int8_t* qp = q.data_ptr<int8_t>();
+  const float* dp = ds.data_ptr<float>();
+  const float* mp = ms.data_ptr<float>();
+  at::Tensor t = at::zeros({NP * KB * bb}, at::TensorOptions().dtype(at::kByte));
+  uint8_t* out = t.data_ptr<uint8_t>();
+  at::parallel_for(0, NP, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t j = 0; j < KB; ++j) {
+        uint8_t* blk = out + (p * KB + j) * bb;
+        for (int c = 0; c < kQ8Panel && p * kQ8Panel + c < N; ++c) {
+          const int64_t n = p * kQ8Panel + c;
+          const int8_t* src = qp + n * K + j * kQ8Block;
+          for (int k = 0; k < kQ8Block; ++k) {
+            const int64_t b = byte_of(c, k);
+            const auto v = static_cast<uint8_t>(src[k]);
+            if (!nibbles) {
+              blk[b] = v;
+            } else {
+              const int64_t within = b % kStepBytes;
+              blk[(k / 4) * kNibStep + within % 32] |= static_cast<uint8_t>(v << (within < 32 ? 0 : 4));
+            }
+          }
+          const float d = dp[n * KB + j], m = mp[n * KB + j];
+          if (nibbles) {
+            const uint16_t dh = c10::Half(d).x, mh = c10::Half(m).x;
+            std::memcpy(blk + kNibScale + 2 * c, &dh, 2);
+            std::memcpy(blk + kNibScale + 32 + 2 * c, &mh, 2);
+          } else {
+            std::memcpy(blk + kBytesScale + 4 * c, &d, 4);
+            std::memcpy(blk + kBytesScale + 64 + 4 * c, &m, 4);
+          }
+        }
+      }
+  });
+  return t;
+}
+
+void gemm_q4_act8(const uint8_t* bytes, const uint8_t* nibbles, int64_t N, int64_t K,
+                  const float* x, int64_t M, const float* bias, float* y, bool portable) {
+  if (M <= 0 || N == 0) return;
+  const int64_t KB = K / kQ8Block, NP = (N + kQ8Panel - 1) / kQ8Panel;
+  std::unique_ptr<int8_t[]> xq(new int8_t[M * K]);
+  std::unique_ptr<float[]> dx(new float[M * KB]), sx(new float[M * KB]);
+  quantize_rows(x, M, K, xq.get(), dx.get(), sx.get(), portable);
+  const bool nib = M <= kNibMaxRows;  // same integers either way
+  const uint8_t* wp = nib ? nibbles : bytes;
+  const int64_t panel_bytes = KB * (nib ? kNibBlock : kBytesBlock);
+  const int64_t mc = std::max<int64_t>(8, (int64_t(1) << 18) / K);  // ~256 KB of rows
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 17) / (M * K * kQ8Panel));
+  at::parallel_for(0, NP, grain, [&](int64_t p0, int64_t p1) {
+#ifdef ROSEINFER_AVX2
+    if (!portable) {
+      for (int64_t c0 = 0; c0 < M; c0 += mc) {
+        for (int64_t p = p0; p < p1; ++p) {
+          const uint8_t* panel = wp + p * panel_bytes;
+          const int64_t n0 = p * kQ8Panel;
+          for_row_tiles(c0, std::min(M, c0 + mc), 5, [&](int64_t m, int64_t mr) {
+            const int8_t* xm = xq.get() + m * K;
+            const float* dm = dx.get() + m * KB;
+            const float* sm = sx.get() + m * KB;
+            if (nib) tile_rows<true>(mr, xm, dm, sm, K, panel, n0, bias, y + m * N, N);
+            else tile_rows<false>(mr, xm, dm, sm, K, panel, n0, bias, y + m * N, N);
+          });
+        }
+      }
+      return;
+    }
+#endif
+    panels_scalar(xq.get(), dx.get(), sx.get(), M, K, wp, nib, p0, p1, bias, y, N);
+  });
+}
+
+}  // namespace roseinfer

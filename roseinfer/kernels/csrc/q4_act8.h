@@ -1,0 +1,36 @@
+// Q4_1 weights against 8-bit activations (the "int8" format's gate/up layers of a
+// Q4_1 model): y[M, N] = x[M, K] W^T + b with activations quantized per row
+// and 32-block to int8, dx = max|x| / 127, xq = rint(x / dx) clamped to [-127, 127]
+// (dx = 0: zeros), and per output element and block, as the int16 kernel (q8_gemm.h):
+//   acc = fma(float(dot_j), dx[m, j] * d[n, j], acc);
+//   acc = fma(sx[m, j], m[n, j], acc)
+// with dot_j the exact int32 dot of the j-th 32-blocks of xq[m] and q[n] (q in [0, 15])
+// and sx = float(sum of the block's xq) * dx[m, j].  Integer sums are exact, so a row's
+// result never depends on M, its position, the tiling or the ISA path.
+// AVX2: vpmaddubsw multiplies 32 unsigned weights by 32 signed activations and adds
+// pairs into int16 (|pair| <= 2 * 15 * 127); a block's 8 steps add up in int16
+// (<= 30480, exact) before one vpmaddwd widens them: half the instructions per
+// multiply-add of the int16 kernel.  Steps of up to 4 rows read nibbles (0.625 bytes a
+// weight), larger ones whole bytes (no unpacking); the integers are the same.
+#pragma once
+
+#include "q8_gemm.h"
+
+namespace roseinfer {
+
+// Packed weights, per panel p (16 columns) and 32-block j:
+// bytes: at (p * K/32 + j) * 640: 8 steps of 64 bytes (step s: columns 0-7 then 8-15,
+//   per column c its four weights q[16p+c, 32j+4s .. 32j+4s+3]), then the 16 fp32 d and
+//   the 16 fp32 m;
+// nibbles: at (p * K/32 + j) * 320: 8 steps of 32 bytes (byte b: low nibble = byte b of
+//   the bytes layout's step, high nibble = its byte 32 + b), then d and m as fp16.
+// q int8 [N, K] in [0, 15]; d, m fp32 [N, K/32] (exact fp16 values).
+at::Tensor pack_q4_act8(const at::Tensor& q, const at::Tensor& d, const at::Tensor& m,
+                        bool nibbles);
+
+// x [M, K] fp32 -> y [M, N] fp32 (+ bias [N] or null) from the two packings above.
+// portable: the scalar kernel (the same results on any machine).
+void gemm_q4_act8(const uint8_t* bytes, const uint8_t* nibbles, int64_t N, int64_t K,
+                  const float* x, int64_t M, const float* bias, float* y, bool portable);
+
+}  // namespace roseinfer
