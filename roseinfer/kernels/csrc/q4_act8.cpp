@@ -1,11 +1,12 @@
-// Q4_1 weights x int8 activations (see q4_act8.h): packing, the int8 activation
-// quantization, the AVX2 kernel (vpmaddubsw into int16, one vpmaddwd per block), the
-// portable kernel (same results) and the driver.
+// Q4_1 weights x int8 activations (see q4_act8.h): packing, the AVX2 kernel (vpmaddubsw
+// into int16, one vpmaddwd per block), the portable kernel (same results) and the
+// driver; the activations are quantized by act_quant.h.
 #include "q4_act8.h"
 
 #include <cstring>
 #include <memory>
 
+#include "act_quant.h"
 #include "q8_tiles.h"
 
 namespace roseinfer {
@@ -19,7 +20,6 @@ constexpr int64_t kNibStep = 32;                                // 64 nibbles
 constexpr int64_t kNibScale = 8 * kNibStep;                     // fp16 d, then fp16 m
 constexpr int64_t kNibBlock = kNibScale + 4 * kQ8Panel;         // 320
 constexpr int64_t kNibMaxRows = 4;  // up to this many rows read the nibbles
-constexpr float kActMax = 127.f;
 
 // Byte of weight (column c, k) in a block of the bytes layout.
 inline int64_t byte_of(int c, int k) {
@@ -37,73 +37,6 @@ inline float scale_at(const uint8_t* blk, bool nib, int which, int c) {  // 0: d
   float v;
   std::memcpy(&v, blk + kBytesScale + 64 * which + 4 * c, 4);
   return v;
-}
-
-// One 32-block of a row: dx = max|x| / 127, xq = rint(x / dx) clamped; sum = float(sum
-// of xq) * dx.
-inline void quantize_block_scalar(const float* x, int8_t* q, float* d, float* sum) {
-  float amax = 0.f;
-  for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
-  const float dx = amax / kActMax;
-  *d = dx;
-  int32_t total = 0;
-  for (int i = 0; i < 32; ++i) {
-    const float v = dx == 0.f ? 0.f : std::nearbyint(x[i] / dx);
-    q[i] = static_cast<int8_t>(std::min(kActMax, std::max(-kActMax, v)));
-    total += q[i];
-  }
-  *sum = static_cast<float>(total) * dx;
-}
-
-#ifdef ROSEINFER_AVX2
-// The same values as quantize_block_scalar.
-inline void quantize_block_avx2(const float* x, int8_t* q, float* d, float* sum) {
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  __m256 v[4];
-  for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(x + 8 * i);
-  const __m256 m = _mm256_max_ps(
-      _mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
-      _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
-  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_max_ss(h, _mm_movehdup_ps(h));
-  const float dx = _mm_cvtss_f32(h) / kActMax;
-  *d = dx;
-  const __m256 dv = _mm256_set1_ps(dx == 0.f ? 1.f : dx);  // dx = 0: x = 0, so q = 0
-  const __m256 lo = _mm256_set1_ps(-kActMax), hi = _mm256_set1_ps(kActMax);
-  __m256i r[4];
-  for (int i = 0; i < 4; ++i) {
-    const __m256 t = _mm256_round_ps(_mm256_div_ps(v[i], dv),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    r[i] = _mm256_cvtps_epi32(_mm256_min_ps(hi, _mm256_max_ps(lo, t)));
-  }
-  const __m256i t = _mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3]));
-  __m128i h4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
-  h4 = _mm_add_epi32(h4, _mm_shuffle_epi32(h4, 0x4E));
-  h4 = _mm_add_epi32(h4, _mm_shuffle_epi32(h4, 0xB1));
-  *sum = static_cast<float>(_mm_cvtsi128_si32(h4)) * dx;
-  // The packs work per 128-bit lane: restore the element order with permutations.
-  const __m256i w01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(r[0], r[1]), 0xD8);
-  const __m256i w23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(r[2], r[3]), 0xD8);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
-                      _mm256_permute4x64_epi64(_mm256_packs_epi16(w01, w23), 0xD8));
-}
-#endif
-
-void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* dx, float* sx,
-                   bool portable) {
-  const int64_t KB = K / kQ8Block;
-  at::parallel_for(0, M * KB, 4096, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-#ifdef ROSEINFER_AVX2
-      if (!portable) {
-        quantize_block_avx2(x + b * kQ8Block, q + b * kQ8Block, dx + b, sx + b);
-        continue;
-      }
-#endif
-      quantize_block_scalar(x + b * kQ8Block, q + b * kQ8Block, dx + b, sx + b);
-    }
-  });
 }
 
 // Portable kernel: one output element at a time, the same fp operations.

@@ -1,9 +1,10 @@
-// int8-weight x int16-activation GEMM (see q8_gemm.h): packing, activation quantization,
+// int8-weight x int16-activation GEMM (see q8_gemm.h): packing (activations: act_quant.h),
 // the AVX2 kernel (int8 weights widened to int16 in registers, vpmaddwd against
 // broadcast int16 pairs of the activations: exact int32 block dots), the portable kernel
 // (same results) and the driver.
 #include "q8_gemm.h"
 #include "q4_act8.h"
+#include "act_quant.h"
 #include "q8_tiles.h"
 
 #include <cstring>
@@ -16,7 +17,6 @@ namespace {
 constexpr int64_t kStepBytes = 32;                        // 16 columns x 2 k
 constexpr int64_t kScaleOffset = 16 * kStepBytes;         // scales follow 512 weight bytes
 constexpr int64_t kBlockBytes = kScaleOffset + 4 * kQ8Panel;  // 576
-constexpr float kActMax = 32767.f;
 constexpr int64_t kQ4StepBytes = 16;                          // 32 nibbles
 constexpr int64_t kQ4ScaleOffset = 16 * kQ4StepBytes;         // fp16 d, then fp16 m
 constexpr int64_t kQ4BlockBytes = kQ4ScaleOffset + 4 * kQ8Panel;  // 320
@@ -37,77 +37,6 @@ inline int packed_q4(const uint8_t* blk, int c, int k) {
   const int b = 2 * c + k % 2;  // byte of the int8 layout's step
   const uint8_t v = blk[(k / 2) * kQ4StepBytes + b % 16];
   return b < 16 ? (v & 15) : (v >> 4);
-}
-
-// One 32-block of a row: dx = max|x| / 32767, xq = rint(x / dx) clamped.
-// sum: the exact sum of the block's xq (as a float: |sum| <= 32 * 32767 < 2^24) times dx,
-// the factor of the Q4_1 minimum term (q8_gemm.h).
-inline void quantize_block_scalar(const float* x, int16_t* q, float* d, float* sum) {
-  float amax = 0.f;
-  for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
-  const float dx = amax / kActMax;
-  *d = dx;
-  int32_t total = 0;
-  for (int i = 0; i < 32; ++i) {
-    const float v = dx == 0.f ? 0.f : std::nearbyint(x[i] / dx);
-    q[i] = static_cast<int16_t>(std::min(kActMax, std::max(-kActMax, v)));
-    total += q[i];
-  }
-  *sum = static_cast<float>(total) * dx;
-}
-
-#ifdef ROSEINFER_AVX2
-// The same values as quantize_block_scalar (max is exact, x / dx correctly rounded,
-// round to nearest even in both).
-inline void quantize_block_avx2(const float* x, int16_t* q, float* d, float* sum) {
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  __m256 v[4];
-  for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(x + 8 * i);
-  const __m256 m = _mm256_max_ps(
-      _mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
-      _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
-  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_max_ss(h, _mm_movehdup_ps(h));
-  const float dx = _mm_cvtss_f32(h) / kActMax;
-  *d = dx;
-  const __m256 dv = _mm256_set1_ps(dx == 0.f ? 1.f : dx);  // dx = 0: x = 0, so q = 0
-  const __m256 lo = _mm256_set1_ps(-kActMax), hi = _mm256_set1_ps(kActMax);
-  __m256i r[4];
-  for (int i = 0; i < 4; ++i) {
-    const __m256 t = _mm256_round_ps(_mm256_div_ps(v[i], dv),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    r[i] = _mm256_cvtps_epi32(_mm256_min_ps(hi, _mm256_max_ps(lo, t)));
-  }
-  const __m256i t = _mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3]));
-  __m128i h4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
-  h4 = _mm_add_epi32(h4, _mm_shuffle_epi32(h4, 0x4E));
-  h4 = _mm_add_epi32(h4, _mm_shuffle_epi32(h4, 0xB1));
-  *sum = static_cast<float>(_mm_cvtsi128_si32(h4)) * dx;
-  // The packs work per 128-bit lane: restore the element order with a permutation.
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
-                      _mm256_permute4x64_epi64(_mm256_packs_epi32(r[0], r[1]), 0xD8));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 16),
-                      _mm256_permute4x64_epi64(_mm256_packs_epi32(r[2], r[3]), 0xD8));
-}
-#endif
-
-// Rows [0, M) of x -> xq (rows of stride K), dx and sx (block sums of xq times dx) [M, K/32].
-void quantize_rows(const float* x, int64_t M, int64_t K, int16_t* q, float* dx, float* sx,
-                   bool portable) {
-  const int64_t KB = K / kQ8Block;
-  // Serial below ~128K values: not worth a fork/join.
-  at::parallel_for(0, M * KB, 4096, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-#ifdef ROSEINFER_AVX2
-      if (!portable) {
-        quantize_block_avx2(x + b * kQ8Block, q + b * kQ8Block, dx + b, sx + b);
-        continue;
-      }
-#endif
-      quantize_block_scalar(x + b * kQ8Block, q + b * kQ8Block, dx + b, sx + b);
-    }
-  });
 }
 
 // Portable kernel: one output element at a time, the same fp operations.

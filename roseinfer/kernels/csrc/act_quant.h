@@ -1,0 +1,97 @@
+// Row-local activation quantization shared by the int8-weight GEMMs: each 32-block of a
+// row gets dx = max|x| / qmax and xq = rint(x / dx) clamped to [-qmax, qmax] (dx = 0:
+// zeros), qmax = 32767 for int16 values (q8_gemm.h) and 127 for int8 ones (q4_act8.h);
+// sx = float(exact sum of the block's xq) * dx, the factor of the Q4_1 minimum term.
+// The AVX2 and scalar versions give the same values (max is exact, x / dx correctly
+// rounded, round to nearest even in both).
+#pragma once
+
+#include <limits>
+
+#include "q8_gemm.h"
+
+namespace roseinfer {
+
+template <typename T>
+inline void quantize_block_scalar(const float* x, T* q, float* d, float* sum) {
+  constexpr float qmax = std::numeric_limits<T>::max();
+  float amax = 0.f;
+  for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float dx = amax / qmax;
+  *d = dx;
+  int32_t total = 0;
+  for (int i = 0; i < 32; ++i) {
+    const float v = dx == 0.f ? 0.f : std::nearbyint(x[i] / dx);
+    q[i] = static_cast<T>(std::min(qmax, std::max(-qmax, v)));
+    total += q[i];
+  }
+  *sum = static_cast<float>(total) * dx;
+}
+
+#ifdef ROSEINFER_AVX2
+// The 32 values r[0..3] (int32 lanes, in order) stored as int16 / int8: the packs work
+// per 128-bit lane, so permutations restore the element order.
+inline void store_block(const __m256i (&r)[4], int16_t* q) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
+                      _mm256_permute4x64_epi64(_mm256_packs_epi32(r[0], r[1]), 0xD8));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 16),
+                      _mm256_permute4x64_epi64(_mm256_packs_epi32(r[2], r[3]), 0xD8));
+}
+inline void store_block(const __m256i (&r)[4], int8_t* q) {
+  const __m256i w01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(r[0], r[1]), 0xD8);
+  const __m256i w23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(r[2], r[3]), 0xD8);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
+                      _mm256_permute4x64_epi64(_mm256_packs_epi16(w01, w23), 0xD8));
+}
+
+template <typename T>
+inline void quantize_block_avx2(const float* x, T* q, float* d, float* sum) {
+  constexpr float qmax = std::numeric_limits<T>::max();
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 v[4];
+  for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(x + 8 * i);
+  const __m256 m = _mm256_max_ps(
+      _mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
+      _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_movehdup_ps(h));
+  const float dx = _mm_cvtss_f32(h) / qmax;
+  *d = dx;
+  const __m256 dv = _mm256_set1_ps(dx == 0.f ? 1.f : dx);  // dx = 0: x = 0, so q = 0
+  const __m256 lo = _mm256_set1_ps(-qmax), hi = _mm256_set1_ps(qmax);
+  __m256i r[4];
+  for (int i = 0; i < 4; ++i) {
+    const __m256 t = _mm256_round_ps(_mm256_div_ps(v[i], dv),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r[i] = _mm256_cvtps_epi32(_mm256_min_ps(hi, _mm256_max_ps(lo, t)));
+  }
+  const __m256i t = _mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3]));
+  __m128i h4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+  h4 = _mm_add_epi32(h4, _mm_shuffle_epi32(h4, 0x4E));
+  h4 = _mm_add_epi32(h4, _mm_shuffle_epi32(h4, 0xB1));
+  *sum = static_cast<float>(_mm_cvtsi128_si32(h4)) * dx;
+  store_block(r, q);
+}
+#endif
+
+// Rows [0, M) of x -> xq (rows of stride K), dx and sx [M, K/32].
+template <typename T>
+void quantize_rows(const float* x, int64_t M, int64_t K, T* q, float* dx, float* sx,
+                   bool portable) {
+  const int64_t KB = K / kQ8Block;
+  // Serial below ~128K values: not worth a fork/join.
+  at::parallel_for(0, M * KB, 4096, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+#ifdef ROSEINFER_AVX2
+      if (!portable) {
+        quantize_block_avx2(x + b * kQ8Block, q + b * kQ8Block, dx + b, sx + b);
+        continue;
+      }
+#endif
+      quantize_block_scalar(x + b * kQ8Block, q + b * kQ8Block, dx + b, sx + b);
+    }
+  });
+}
+
+}  // namespace roseinfer
