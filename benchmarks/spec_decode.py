@@ -19,6 +19,11 @@ more); decode tok/s = tokens made by steps that computed no prompt token / the t
 those steps, and the table gives medians over ``--rounds``. The output is the same with
 and without speculation (greedy, and seeded sampling): the script checks it.
 
+``--oracle`` adds a third engine whose drafter knows the answer: every decoding request
+drafts the next ``num_speculative_tokens`` tokens of its output (taken from the run
+without speculation), so every draft is accepted. No drafter can do better at the same
+step costs: its speedup is the ceiling of speculation for the workload on this machine.
+
     .venv/bin/python benchmarks/spec_decode.py --num-threads 1 \\
         --speculative-config '{"method": "ngram", "num_speculative_tokens": 8, \\
                                "prompt_lookup_max": 6, "prompt_lookup_min": 3}'
@@ -33,6 +38,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from roseinfer.bench.oracle import OracleDrafter
 from roseinfer.config import EngineConfig
 from roseinfer.engine.engine import LLMEngine
 from roseinfer.llm import LLM
@@ -198,6 +204,8 @@ def main() -> None:
                     default=["repeat", "rename", "nocopy", "nocopy-t1", "repeat16"])
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--oracle", action="store_true",
+                    help="also run a drafter that knows the output (the ceiling)")
     ap.add_argument("--output", default="benchmarks/results/spec_decode.json")
     args = ap.parse_args()
 
@@ -205,6 +213,10 @@ def main() -> None:
                 quantization=args.quantization)
     engines = {"off": LLMEngine(EngineConfig(**base)),
                "on": LLMEngine(EngineConfig(**base, speculative_config=args.speculative_config))}
+    spec = json.loads(args.speculative_config)
+    if args.oracle:
+        engines["oracle"] = LLMEngine(EngineConfig(
+            **base, speculative_config=json.dumps({**spec, "adaptive": False})))
     for engine in engines.values():  # warm-up
         run_once(engine, workload(engine, "nocopy"), sampling("nocopy", 8))
     print(f"CPU: {cpu_description()}; threads {args.num_threads}; "
@@ -212,11 +224,18 @@ def main() -> None:
     rows = []
     for name in args.workloads:
         prompts = workload(engines["off"], name)
-        runs: dict[str, list[Run]] = {"off": [], "on": []}
+        runs: dict[str, list[Run]] = {mode: [] for mode in engines}
         for _ in range(args.rounds):
-            for mode in ("off", "on"):  # interleaved runs: both see the machine's load
+            for mode in engines:  # interleaved runs: all see the machine's load
                 runs[mode].append(run_once(engines[mode], prompts,
                                            sampling(name, args.max_tokens)))
+                if mode == "off" and "oracle" in engines:
+                    answers = {tuple(p): o for p, o in
+                               zip(prompts, runs["off"][0].outputs, strict=True)}
+                    drafter = engines["oracle"].spec
+                    assert drafter is not None
+                    drafter.propose = OracleDrafter(  # type: ignore[method-assign]
+                        answers, spec["num_speculative_tokens"]).propose
         same = all(r.outputs == runs["off"][0].outputs for rs in runs.values() for r in rs)
         off = statistics.median(r.decode_tok_s for r in runs["off"])
         on = statistics.median(r.decode_tok_s for r in runs["on"])
@@ -229,11 +248,17 @@ def main() -> None:
                "identical_output": same,
                "off_runs": [r.decode_tok_s for r in runs["off"]],
                "on_runs": [r.decode_tok_s for r in runs["on"]]}
+        if "oracle" in runs:
+            oracle_tok_s = statistics.median(r.decode_tok_s for r in runs["oracle"])
+            row.update(oracle_decode_tok_s=oracle_tok_s, oracle_speedup=oracle_tok_s / off,
+                       oracle_runs=[r.decode_tok_s for r in runs["oracle"]])
         rows.append(row)
         print(f"{name:9s} batch {len(prompts):2d}  tokens {last.tokens:5d}  off {off:7.1f}  "
               f"on {on:7.1f} tok/s  x{on / off:4.2f}  accepted {last.accepted}/{last.drafted} "
               f"drafted  "
-              f"identical {same}", flush=True)
+              f"identical {same}"
+              + (f"  oracle {row['oracle_decode_tok_s']:7.1f} tok/s x{row['oracle_speedup']:4.2f}"
+                 if "oracle" in runs else ""), flush=True)
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"cpu": cpu_description(), "threads": args.num_threads,

@@ -81,6 +81,27 @@ def test_greedy_batch_16(options: dict) -> None:
         assert on.stats.num_preemptions > 0, "the pool must preempt"
 
 
+def test_drafts_of_the_true_continuation_are_all_accepted() -> None:
+    """Drafts equal to the greedy continuation (``OracleDrafter``, the ceiling measured by
+    ``benchmarks/spec_decode.py --oracle``) are accepted to the last one, a step then
+    gives a request 1 + k tokens, and the output is the same as without speculation."""
+    from roseinfer.bench.oracle import OracleDrafter
+
+    prompts = repeat_prompts(4, 6)
+    off = run_requests(spec_engine(None), prompts, greedy(30))
+    answers = {tuple(p): off.tokens(f"r{i}") for i, p in enumerate(prompts)}
+    engine = spec_engine(SPEC, max_num_batched_tokens=64)  # prefill chunks: no drafts
+    assert engine.spec is not None
+    engine.spec.propose = OracleDrafter(answers, 4).propose  # type: ignore[method-assign]
+    on = run_requests(engine, prompts, greedy(30))
+    assert_same_tokens(off, on)
+    s = on.stats
+    assert s.spec_decode_num_draft_tokens > 0
+    assert s.spec_decode_num_accepted_tokens == s.spec_decode_num_draft_tokens
+    assert max(len(d) for deltas in on.deltas.values() for d in deltas) == 5
+    assert on.num_steps < off.num_steps
+
+
 def test_prefix_cache_hits_after_speculation() -> None:
     """A second request whose prompt is the first one's prompt + output reuses the blocks
     the first one filled while speculating (hashed from accepted tokens only), and still
