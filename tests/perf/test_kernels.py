@@ -66,6 +66,28 @@ def test_paged_attention_row_alone_equals_row_in_batch(
             assert torch.equal(alone[0], batch[i]), (bs, i)
 
 
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
+@pytest.mark.parametrize("heads", [(9, 3), (8, 2), (4, 4)])
+def test_paged_attention_fp16_cache_equals_its_fp32_copy(
+    head_dim: int, heads: tuple[int, int]
+) -> None:
+    """An fp16 cache and its fp32 copy hold the same values, and the kernel widens fp16
+    exactly: the outputs are bitwise equal, so both cache dtypes run the same arithmetic
+    (query heads in passes of 3 (9/3), 3 + 1 (8/2) and 1 (4/4); contexts of 1 to 40)."""
+    h, hkv = heads
+    gen = torch.Generator().manual_seed(2)
+    d, width, bs = 12, 5, 8
+    cache = torch.randn(2, d * width * bs, hkv, head_dim, generator=gen).half()
+    tables = torch.randperm(d * width, generator=gen).view(d, width).to(torch.int32)
+    q = torch.randn(d, h, head_dim, generator=gen)
+    lens = torch.randint(1, width * bs + 1, (d,), generator=gen, dtype=torch.int32)
+    rows = torch.arange(d, dtype=torch.int32)
+    args = (tables, rows, lens, bs, head_dim**-0.5)
+    half = torch.ops.roseinfer.paged_attention(q, cache, *args)
+    single = torch.ops.roseinfer.paged_attention(q, cache.float(), *args)
+    assert torch.equal(half, single)
+
+
 def test_linear_kernel_fp32_and_fp16() -> None:
     torch.manual_seed(0)
     w, b, x = torch.randn(40, 24), torch.randn(40), torch.randn(7, 24)
