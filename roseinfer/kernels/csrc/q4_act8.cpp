@@ -83,59 +83,22 @@ void panels_scalar(const int8_t* xq, const float* dx, const float* sx, int64_t M
   "vpaddw %%ymm15, %[a" #m "0], %[a" #m "0]\n\t"   \
   "vpmaddubsw %%ymm14, %%ymm13, %%ymm14\n\t"       \
   "vpaddw %%ymm14, %[a" #m "1], %[a" #m "1]\n\t"
-#define A8_ACC(m) [a##m##0] "+x"(a[m][0]), [a##m##1] "+x"(a[m][1])
-#define A8_TMP [w] "+r"(wp), [s] "+r"(s)
-#define A8_CLOBBER "cc", "memory", "xmm12", "xmm13", "xmm14", "xmm15"
-#define A8_BLOCK(HEAD, TAIL)                                                               \
-  if constexpr (MR == 1) {                                                                 \
-    asm volatile(HEAD A8_ROW(0) TAIL                                                       \
-                 : A8_ACC(0), A8_TMP                                                       \
-                 : [x0] "r"(xr[0]), [mask] "x"(mask)                                       \
-                 : A8_CLOBBER);                                                            \
-  } else if constexpr (MR == 2) {                                                          \
-    asm volatile(HEAD A8_ROW(0) A8_ROW(1) TAIL                                             \
-                 : A8_ACC(0), A8_ACC(1), A8_TMP                                            \
-                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), [mask] "x"(mask)                      \
-                 : A8_CLOBBER);                                                            \
-  } else if constexpr (MR == 3) {                                                          \
-    asm volatile(HEAD A8_ROW(0) A8_ROW(1) A8_ROW(2) TAIL                                   \
-                 : A8_ACC(0), A8_ACC(1), A8_ACC(2), A8_TMP                                 \
-                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), [x2] "r"(xr[2]), [mask] "x"(mask)     \
-                 : A8_CLOBBER);                                                            \
-  } else if constexpr (MR == 4) {                                                          \
-    asm volatile(HEAD A8_ROW(0) A8_ROW(1) A8_ROW(2) A8_ROW(3) TAIL                         \
-                 : A8_ACC(0), A8_ACC(1), A8_ACC(2), A8_ACC(3), A8_TMP                      \
-                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), [x2] "r"(xr[2]), [x3] "r"(xr[3]),     \
-                   [mask] "x"(mask)                                                        \
-                 : A8_CLOBBER);                                                            \
-  } else {                                                                                 \
-    static_assert(MR == 5, "tile rows: 1..5");                                             \
-    asm volatile(HEAD A8_ROW(0) A8_ROW(1) A8_ROW(2) A8_ROW(3) A8_ROW(4) TAIL               \
-                 : A8_ACC(0), A8_ACC(1), A8_ACC(2), A8_ACC(3), A8_ACC(4), A8_TMP           \
-                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), [x2] "r"(xr[2]), [x3] "r"(xr[3]),     \
-                   [x4] "r"(xr[4]), [mask] "x"(mask)                                       \
-                 : A8_CLOBBER);                                                            \
-  }
 
 template <int MR, bool NIB>
 inline void block_int(const int8_t* const* xr, const uint8_t* wp, __m256i (&a)[MR][2]) {
   int64_t s = 0;
   const __m256i mask = _mm256_set1_epi8(15);
   if constexpr (NIB) {
-    A8_BLOCK(A8_HEAD_NIB, A8_TAIL_NIB)
+    ROWTILE_ASM(A8_HEAD_NIB, A8_HEAD_NIB, A8_ROW, A8_TAIL_NIB)
   } else {
-    A8_BLOCK(A8_HEAD_BYTES, A8_TAIL_BYTES)
+    ROWTILE_ASM(A8_HEAD_BYTES, A8_HEAD_BYTES, A8_ROW, A8_TAIL_BYTES)
   }
 }
-#undef A8_BLOCK
 #undef A8_HEAD_BYTES
 #undef A8_HEAD_NIB
 #undef A8_TAIL_BYTES
 #undef A8_TAIL_NIB
 #undef A8_ROW
-#undef A8_ACC
-#undef A8_TMP
-#undef A8_CLOBBER
 
 // Rows [0, MR) x one panel (w: its first block) into y (+ bias).
 template <int MR, bool NIB>
@@ -165,16 +128,10 @@ void tile(const int8_t* xq, const float* dx, const float* sx, int64_t K, const u
       dw0 = _mm256_loadu_ps(fp), dw1 = _mm256_loadu_ps(fp + 8);
       mw0 = _mm256_loadu_ps(fp + 16), mw1 = _mm256_loadu_ps(fp + 24);
     }
-    for (int m = 0; m < MR; ++m) {
-      const __m256 d = _mm256_set1_ps(dx[m * KB + j]), sv = _mm256_set1_ps(sx[m * KB + j]);
-      float* ar = acc + m * kQ8Panel;
-      const __m256 i0 = _mm256_cvtepi32_ps(_mm256_madd_epi16(a[m][0], ones));
-      const __m256 i1 = _mm256_cvtepi32_ps(_mm256_madd_epi16(a[m][1], ones));
-      const __m256 r0 = _mm256_fmadd_ps(i0, _mm256_mul_ps(d, dw0), _mm256_load_ps(ar));
-      const __m256 r1 = _mm256_fmadd_ps(i1, _mm256_mul_ps(d, dw1), _mm256_load_ps(ar + 8));
-      _mm256_store_ps(ar, _mm256_fmadd_ps(sv, mw0, r0));
-      _mm256_store_ps(ar + 8, _mm256_fmadd_ps(sv, mw1, r1));
-    }
+    for (int m = 0; m < MR; ++m)  // int16 pair sums widened to the block's int32 dots
+      add_q4_block(acc + m * kQ8Panel, _mm256_madd_epi16(a[m][0], ones),
+                   _mm256_madd_epi16(a[m][1], ones), dx[m * KB + j], sx[m * KB + j], dw0, dw1,
+                   mw0, mw1);
   }
   store_tile(acc, MR, n0, std::min<int64_t>(kQ8Panel, N - n0), bias, y, N);
 }

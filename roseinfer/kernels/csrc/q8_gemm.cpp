@@ -104,43 +104,6 @@ void panels_scalar(const int16_t* xq, const float* dx, const float* sx, int64_t 
   "vpmaddwd %%ymm13, %%ymm14, %%ymm14\n\t"        \
   "vpaddd %%ymm14, %[a" #m "1], %[a" #m "1]\n\t"
 #define Q8_TAIL "add $32, %[w]\n\tadd $4, %[s]\n\tcmp $64, %[s]\n\tjne 1b\n\t"
-#define Q8_ACC(m) [a##m##0] "+x"(a[m][0]), [a##m##1] "+x"(a[m][1])
-#define Q8_TMP [w] "+r"(wp), [s] "+r"(s)
-#define Q8_CLOBBER "cc", "memory", "xmm12", "xmm13", "xmm14", "xmm15"
-
-// One asm statement per tile height: HEAD1_4 / HEAD5 start a step for up to 4 / 5 rows
-// (int8: only up to 4 rows prefetch), TAIL advances it.  The Q4_1 mask operand is unused
-// by the int8 loop.
-#define Q8_BLOCK(HEAD1_4, HEAD5, TAIL)                                                     \
-  if constexpr (MR == 1) {                                                                 \
-    asm volatile(HEAD1_4 Q8_ROW(0) TAIL                                                    \
-                 : Q8_ACC(0), Q8_TMP                                                       \
-                 : [x0] "r"(xr[0]), [mask] "x"(mask)                                       \
-                 : Q8_CLOBBER);                                                            \
-  } else if constexpr (MR == 2) {                                                          \
-    asm volatile(HEAD1_4 Q8_ROW(0) Q8_ROW(1) TAIL                                          \
-                 : Q8_ACC(0), Q8_ACC(1), Q8_TMP                                            \
-                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), [mask] "x"(mask)                      \
-                 : Q8_CLOBBER);                                                            \
-  } else if constexpr (MR == 3) {                                                          \
-    asm volatile(HEAD1_4 Q8_ROW(0) Q8_ROW(1) Q8_ROW(2) TAIL                                \
-                 : Q8_ACC(0), Q8_ACC(1), Q8_ACC(2), Q8_TMP                                 \
-                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), [x2] "r"(xr[2]), [mask] "x"(mask)     \
-                 : Q8_CLOBBER);                                                            \
-  } else if constexpr (MR == 4) {                                                          \
-    asm volatile(HEAD1_4 Q8_ROW(0) Q8_ROW(1) Q8_ROW(2) Q8_ROW(3) TAIL                      \
-                 : Q8_ACC(0), Q8_ACC(1), Q8_ACC(2), Q8_ACC(3), Q8_TMP                      \
-                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), [x2] "r"(xr[2]), [x3] "r"(xr[3]),     \
-                   [mask] "x"(mask)                                                        \
-                 : Q8_CLOBBER);                                                            \
-  } else {                                                                                 \
-    static_assert(MR == 5, "tile rows: 1..5");                                             \
-    asm volatile(HEAD5 Q8_ROW(0) Q8_ROW(1) Q8_ROW(2) Q8_ROW(3) Q8_ROW(4) TAIL              \
-                 : Q8_ACC(0), Q8_ACC(1), Q8_ACC(2), Q8_ACC(3), Q8_ACC(4), Q8_TMP           \
-                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), [x2] "r"(xr[2]), [x3] "r"(xr[3]),     \
-                   [x4] "r"(xr[4]), [mask] "x"(mask)                                       \
-                 : Q8_CLOBBER);                                                            \
-  }
 
 // One 32-block for MR rows x 16 columns, int8 or Q4_1 weights.
 template <int MR, bool Q4>
@@ -148,21 +111,17 @@ inline void block_int_avx2(const int16_t* const* xr, const uint8_t* wp, __m256i 
   int64_t s = 0;
   const __m256i mask = _mm256_set1_epi16(15);
   if constexpr (Q4) {
-    Q8_BLOCK(Q4_HEAD, Q4_HEAD, Q4_TAIL)
+    ROWTILE_ASM(Q4_HEAD, Q4_HEAD, Q8_ROW, Q4_TAIL)
   } else {
-    Q8_BLOCK(Q8_HEAD_PF, Q8_HEAD, Q8_TAIL)
+    ROWTILE_ASM(Q8_HEAD_PF, Q8_HEAD, Q8_ROW, Q8_TAIL)
   }
 }
-#undef Q8_BLOCK
 #undef Q8_HEAD
 #undef Q4_HEAD
 #undef Q4_TAIL
 #undef Q8_HEAD_PF
 #undef Q8_ROW
 #undef Q8_TAIL
-#undef Q8_ACC
-#undef Q8_TMP
-#undef Q8_CLOBBER
 
 // Rows [0, MR) x one panel (w: its first block) into y (+ bias); xq: int16 rows of
 // stride K, dx / sx: per-block scales / sums of stride K/32.
@@ -184,14 +143,9 @@ void tile_avx2(const int16_t* xq, const float* dx, const float* sx, int64_t K, c
       const __m128i* hp = reinterpret_cast<const __m128i*>(blk + kQ4ScaleOffset);
       const __m256 dw0 = _mm256_cvtph_ps(_mm_loadu_si128(hp)), dw1 = _mm256_cvtph_ps(_mm_loadu_si128(hp + 1));
       const __m256 mw0 = _mm256_cvtph_ps(_mm_loadu_si128(hp + 2)), mw1 = _mm256_cvtph_ps(_mm_loadu_si128(hp + 3));
-      for (int m = 0; m < MR; ++m) {
-        const __m256 d = _mm256_set1_ps(dx[m * KB + j]), sv = _mm256_set1_ps(sx[m * KB + j]);
-        float* ar = acc + m * kQ8Panel;
-        __m256 r0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[m][0]), _mm256_mul_ps(d, dw0), _mm256_load_ps(ar));
-        __m256 r1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[m][1]), _mm256_mul_ps(d, dw1), _mm256_load_ps(ar + 8));
-        _mm256_store_ps(ar, _mm256_fmadd_ps(sv, mw0, r0));
-        _mm256_store_ps(ar + 8, _mm256_fmadd_ps(sv, mw1, r1));
-      }
+      for (int m = 0; m < MR; ++m)
+        add_q4_block(acc + m * kQ8Panel, a[m][0], a[m][1], dx[m * KB + j], sx[m * KB + j], dw0,
+                     dw1, mw0, mw1);
     } else {
       const uint8_t* blk = w + j * block_bytes_of(KIND);
       block_int_avx2<MR, false>(xr, blk, a);
