@@ -221,6 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "route to rank 0)")
     worker.add_argument("--num-threads", type=int, default=None,
                         help="torch threads (default: rank 0's threads per rank)")
+    worker.add_argument("--secret-file", default=None, metavar="PATH",
+                        help="file holding the group's secret (default: the "
+                             "ROSEINFER_TP_SECRET environment variable; never a value here)")
+    worker.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     worker.set_defaults(func=cmd_tp_worker)
 
     for register in _extra_commands():
@@ -235,7 +239,8 @@ def cmd_tp_worker(args: argparse.Namespace) -> int:
     parse_init_method(args.distributed_init_method)  # ValueError naming the option
     if args.rank < 1:
         raise ValueError(f"--rank must be >= 1 (rank 0 is the engine), got {args.rank}")
-    return join_main(args.distributed_init_method, args.rank, args.host, args.num_threads)
+    return join_main(args.distributed_init_method, args.rank, args.host, args.num_threads,
+                     args.secret_file, args.parent_pid)
 
 
 def _extra_commands() -> list:

@@ -3,7 +3,11 @@
 ``torch.distributed.init_process_group`` keeps one default group per process; an
 engine instead owns its groups, so several engines (and pytest's many) live in one
 process.  Rank 0 runs the ``TCPStore`` server (``Rendezvous.serve``: a free port on
-127.0.0.1 unless ``distributed_init_method`` names one); the other ranks connect to it.
+127.0.0.1 unless ``distributed_init_method`` names one, listening on that address only,
+never on every interface); the other ranks connect to it.  Gloo's pairs listen on the
+same address (rank 0 and the workers it starts) or the joining host's own.  Everything
+the ranks exchange through the store, gloo's addresses included, is signed with the
+group's secret (``auth.SignedStore``); tensors travel as raw bytes, never pickled.
 
 Two groups on it:
 
@@ -30,6 +34,8 @@ rank 0 by point-to-point messages too.
 from __future__ import annotations
 
 import datetime
+import os
+import socket
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +43,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from roseinfer.config import parse_init_method
+from roseinfer.distributed.auth import SignedStore
 
 IDLE_TIMEOUT = datetime.timedelta(days=3650)  # a worker waiting for the next step
 _SUM_TAG, _GATHER_TAG = 1, 2  # point-to-point message tags
@@ -57,23 +64,43 @@ class Rendezvous:
         return cls(host, port)
 
     def serve(self, size: int, timeout_s: float) -> tuple[dist.TCPStore, Rendezvous]:
-        """Rank 0: start the store; returns it and the address with its actual port."""
-        store = dist.TCPStore(self.host, self.port, size, True,
-                              timeout=datetime.timedelta(seconds=timeout_s),
-                              wait_for_workers=False)
-        return store, Rendezvous(self.host, store.port)
+        """Rank 0: start the store, listening on ``host`` only (torch's own listener
+        would take every interface); returns it and the address with its actual port."""
+        listener = listen_socket(self.host, self.port)
+        port = listener.getsockname()[1]
+        fd = listener.detach()  # the store owns it from here
+        try:
+            store = dist.TCPStore(self.host, port, size, True,
+                                  timeout=datetime.timedelta(seconds=timeout_s),
+                                  wait_for_workers=False, master_listen_fd=fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        return store, Rendezvous(self.host, port)
 
-    def connect(self, size: int, timeout_s: float) -> dist.TCPStore:
+    def connect(self, size: int | None, timeout_s: float) -> dist.TCPStore:
         """Ranks 1..: a client of rank 0's store."""
         return dist.TCPStore(self.host, self.port, size, False,
                              timeout=datetime.timedelta(seconds=timeout_s))
 
 
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host`` (its first address) and listening."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def local_address_towards(host: str, port: int) -> str:
     """This host's address on the route to ``host`` (a worker joining from another
     host listens there); loopback stays loopback."""
-    import socket
-
     if host in ("127.0.0.1", "localhost", "::1"):
         return host
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # no packet is sent
@@ -84,10 +111,10 @@ def local_address_towards(host: str, port: int) -> str:
 class Communicator:
     """One rank's view of the tensor-parallel group (all collectives go through it)."""
 
-    def __init__(self, store: dist.Store, rendezvous: Rendezvous, rank: int, size: int,
+    def __init__(self, store: SignedStore, rendezvous: Rendezvous, rank: int, size: int,
                  device: torch.device, timeout_s: float, bind_host: str | None = None) -> None:
         """``bind_host``: the address this rank's gloo pairs listen on (default: the
-        rendezvous host, which is this host for rank 0 and the workers it spawns)."""
+        rendezvous host, which is this host for rank 0 and the workers it starts)."""
         self.rank, self.size, self.device = rank, size, device
         self.store = store  # kept alive: rank 0 serves it
         timeout = datetime.timedelta(seconds=timeout_s)
@@ -95,14 +122,16 @@ class Communicator:
         opts._timeout = timeout
         opts._devices = [dist.ProcessGroupGloo.create_device(
             hostname=bind_host or rendezvous.host)]
+        # The prefix outside the signed store: a tag covers the whole key.
         self.cpu = dist.ProcessGroupGloo(dist.PrefixStore("tp/cpu", store), rank, size, opts)
         self.dev: dist.ProcessGroup = self.cpu
         if device.type == "cuda":
             torch.cuda.set_device(device)
             nccl_opts = dist.ProcessGroupNCCL.Options()
             nccl_opts._timeout = timeout
-            self.dev = dist.ProcessGroupNCCL(dist.PrefixStore("tp/nccl", store), rank, size,
-                                             nccl_opts)
+            # NCCL may keep counters in its store, which cannot be signed: the raw store.
+            self.dev = dist.ProcessGroupNCCL(dist.PrefixStore("tp/nccl", store.inner), rank,
+                                             size, nccl_opts)
 
     # ------------------------------------------------------------ step messages (CPU)
     def broadcast(self, tensor: Tensor, idle: bool = False) -> Tensor:

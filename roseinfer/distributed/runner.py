@@ -7,10 +7,12 @@
    a ``ValueError`` before any process starts;
 2. sizes the KV pool from rank 0's shard (it has the most KV heads, so the largest
    blocks) and ``kv_cache_memory_gb`` (a per-rank budget) or ``num_kv_blocks``;
-3. starts rank 0's TCPStore, publishes the workers' spec in it, spawns ranks 1..N-1
-   (``pool``; or the first ``distributed_local_workers`` of them, the others joining
-   from other hosts with ``roseinfer tp-worker``), loads shard 0 while they load
-   theirs, waits until all are ready, joins the process groups.
+3. starts rank 0's TCPStore (on the init method's address only), publishes the
+   workers' spec in it (JSON, signed with the group's secret: ``auth``, ``spec``),
+   starts ranks 1..N-1 (``pool``; or the first ``distributed_local_workers`` of them,
+   the others joining from other hosts with ``roseinfer tp-worker`` and the shared
+   ``ROSEINFER_TP_SECRET``), loads shard 0 while they load theirs, waits until all are
+   ready, joins the process groups.
 
 ``execute(scheduled)`` lays the step out exactly as ``ModelRunner`` does
 (``layout_step``), broadcasts it, runs shard 0 and returns the gathered logits as
@@ -25,20 +27,27 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 from pathlib import Path
 
 import torch
 
 from roseinfer.config import EngineConfig
+from roseinfer.distributed.auth import (
+    SECRET_ENV,
+    SignedStore,
+    check_secret,
+    digest,
+    new_secret,
+)
 from roseinfer.distributed.comm import Communicator, Rendezvous
 from roseinfer.distributed.errors import TensorParallelError, WorkerDiedError
 from roseinfer.distributed.layers import parallelize
 from roseinfer.distributed.plan import TensorParallelPlan, make_plan
 from roseinfer.distributed.pool import WorkerPool
 from roseinfer.distributed.shard import load_shard
+from roseinfer.distributed.spec import SPEC_VERSION, WorkerSpec
 from roseinfer.distributed.step import ShardExecutor, StepMessage
-from roseinfer.distributed.worker import STARTUP_TIMEOUT_S, WorkerSpec
+from roseinfer.distributed.worker import SPEC_KEY, STARTUP_TIMEOUT_S
 from roseinfer.engine.fault_isolation import describe
 from roseinfer.engine.scheduler import ScheduledRequest
 from roseinfer.model.loader import load_checkpoint
@@ -72,21 +81,27 @@ class TensorParallelRunner:
                              f"{(device.index or 0) + size} CUDA devices, "
                              f"{torch.cuda.device_count()} present")
         num_blocks = num_kv_blocks(config, plan.rank_config(0), kv_dtype)
-        store, rendezvous = Rendezvous.from_init_method(config.distributed_init_method).serve(
+        local = size - 1 if config.distributed_local_workers is None else \
+            config.distributed_local_workers
+        secret = group_secret(remote=local < size - 1)
+        raw, rendezvous = Rendezvous.from_init_method(config.distributed_init_method).serve(
             size, STARTUP_TIMEOUT_S)
+        store = SignedStore(raw, secret)
         spec = WorkerSpec(
-            model=None if config.model is None else str(config.model), plan=plan,
-            rendezvous=rendezvous, dtype=dtype, device=str(device),
-            quantization=quantization, kv_dtype=kv_dtype,
+            version=SPEC_VERSION, model=None if config.model is None else str(config.model),
+            size=size, shards=WorkerSpec.shard_rows(plan), host=rendezvous.host,
+            port=rendezvous.port, dtype=_dtype_name(dtype), device=str(device),
+            quantization=quantization, kv_dtype=_dtype_name(kv_dtype),
             block_size=config.block_size, num_blocks=num_blocks,
-            num_threads=config.resolved_num_threads(), timeout_s=config.distributed_timeout_s,
-            parent_pid=os.getpid())
-        store.set("tp/spec", pickle.dumps(spec))  # for ranks joining from other hosts
-        local = config.distributed_local_workers
-        pool = WorkerPool.spawn(spec, size - 1 if local is None else local)
+            num_threads=config.resolved_num_threads(),
+            timeout_s=float(config.distributed_timeout_s))
+        text = spec.to_json()
+        store.set(SPEC_KEY, text)
+        pool = WorkerPool.start(f"tcp://{_url_host(rendezvous.host)}:{rendezvous.port}",
+                                rendezvous.host, secret, size, local)
         try:
             model = load_shard(config.model, plan, 0, dtype, device, quantization)
-            pool.wait_ready(store, STARTUP_TIMEOUT_S)
+            pool.wait_ready(store, digest(text), STARTUP_TIMEOUT_S)
             comm = Communicator(store, rendezvous, 0, size, device, config.distributed_timeout_s)
             parallelize(model, plan.shards[0], comm)
             executor = ShardExecutor(model, plan.rank_config(0), plan.vocab_sizes, comm,
@@ -158,3 +173,25 @@ class TensorParallelRunner:
         if self._failure is None:
             self._failure = TensorParallelError("the tensor-parallel engine was shut down")
         self.pool.close()
+
+
+def group_secret(remote: bool) -> str:
+    """A fresh secret per engine; with ranks on other hosts, the operator's shared one
+    (``ROSEINFER_TP_SECRET``, which they also give each ``roseinfer tp-worker``)."""
+    if not remote:
+        return new_secret()
+    secret = os.environ.get(SECRET_ENV)
+    if secret is None:
+        raise ValueError(f"ranks on other hosts (distributed_local_workers < "
+                         f"tensor_parallel_size - 1) need a shared secret: set {SECRET_ENV} "
+                         "here and for each `roseinfer tp-worker` (e.g. python -c 'import "
+                         "secrets; print(secrets.token_hex(32))')")
+    return check_secret(secret, SECRET_ENV)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

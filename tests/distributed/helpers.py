@@ -3,10 +3,11 @@ rank loads its shard from there) and engines over them, one thread per rank."""
 
 from __future__ import annotations
 
-import multiprocessing
+import os
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 import transformers
 
@@ -105,6 +106,16 @@ def tokens(outs: list[RequestOutput]) -> list[list[int]]:
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
-def workers() -> list[multiprocessing.process.BaseProcess]:
-    """This process's live tensor-parallel workers."""
-    return [p for p in multiprocessing.active_children() if p.name.startswith("roseinfer-tp")]
+def workers() -> list[psutil.Process]:
+    """This process's live tensor-parallel workers (the ones it started itself)."""
+    me = os.getpid()
+    found = []
+    for child in psutil.Process().children():
+        try:
+            cmd = child.cmdline()
+            if ("tp-worker" in cmd and "--parent-pid" in cmd and str(me) in cmd
+                    and child.status() != psutil.STATUS_ZOMBIE):
+                found.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return found

@@ -12,10 +12,19 @@ from pathlib import Path
 import pytest
 
 from roseinfer.config import EngineConfig
+from roseinfer.distributed.auth import SECRET_ENV, new_secret
 from tests.distributed.helpers import PROMPTS, engine, generate, greedy, save_llama, tokens
 from tests.server.helpers import free_port
 
 pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(autouse=True)
+def shared_secret(monkeypatch: pytest.MonkeyPatch) -> str:
+    """The operator's secret, set for rank 0 and (inherited) for each tp-worker."""
+    secret = new_secret()
+    monkeypatch.setenv(SECRET_ENV, secret)
+    return secret
 
 
 def _tp_worker(address: str, rank: int) -> subprocess.Popen[bytes]:
