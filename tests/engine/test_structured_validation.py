@@ -4,6 +4,8 @@ raising InvalidRequestError(param="structured_outputs"); compiled grammars are c
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from roseinfer.engine.structured import GrammarCompiler
@@ -74,6 +76,9 @@ def test_params_key_is_canonical() -> None:
     (SO(json={"type": "integer", "minimum": 5, "maximum": 1}), "json"),
     (SO(regex="a\ud800"), "regex"),  # a lone surrogate: not UTF-8
     (SO(json={"enum": ["\ud800"]}), "json"),
+    (SO(regex="(a{1000}){1000}"), "regex cannot be run: lexer error"),  # compile, then fail
+    (SO(grammar='start: "x"{1000000}'), "grammar cannot be run: parser error"),
+    (SO(grammar='start: X\nX: "x"{1000000}'), "grammar cannot be run: lexer error"),
 ])
 def test_invalid_spec_refused_before_queueing(engine, spec: SO, match: str) -> None:  # noqa: ANN001
     params = SamplingParams(max_tokens=4, structured_outputs=spec)
@@ -88,6 +93,26 @@ def test_invalid_spec_refused_before_queueing(engine, spec: SO, match: str) -> N
     with pytest.raises(InvalidRequestError):
         engine.add_request("x", PROMPT, params)
     assert not engine.has_unfinished_requests()
+
+
+def test_unrunnable_grammar_is_a_cached_value_error_in_bounded_time() -> None:
+    """Grammars that compile but that llguidance cannot run (lexer fuel, Earley items) are
+    found by the first-step probe (the offline API's refusal is in the cases above),
+    bounded by the parser limits (~1 s measured; generous bound for shared cores),
+    cached like compile errors; the probe leaves the prototype of a good grammar fresh."""
+    compiler = GrammarCompiler(real_tokenizer(), (2,))
+    compiler.ll_tokenizer()
+    bad = SO(regex="(a{1000}){1000}")
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match="cannot be run"):
+        compiler.compile(bad)
+    assert time.perf_counter() - start < 20
+    with pytest.raises(ValueError, match="cannot be run"):
+        compiler.compile(bad)
+    assert compiler.cache.hits == 1
+    good = compiler.compile(SO(regex="ab"))
+    m = good.new_matcher()
+    assert m.accept(real_tokenizer().encode("ab", add_special_tokens=False)[0]) is None
 
 
 def test_grammar_kinds_that_compile(engine) -> None:  # noqa: ANN001

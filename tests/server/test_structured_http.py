@@ -245,6 +245,11 @@ ERROR_CASES: dict[str, tuple[str, dict[str, Any], str]] = {
                       "structured_outputs"),
     "bad-grammar": (COMPLETIONS, {"structured_outputs": {"grammar": "start: ((("}},
                     "structured_outputs"),
+    # compile, but llguidance cannot run them (the first-step probe finds it)
+    "unrunnable-regex": (COMPLETIONS, {"structured_outputs": {"regex": "(a{1000}){1000}"}},
+                         "structured_outputs"),
+    "unrunnable-grammar": (CHAT, {"structured_outputs": {"grammar": 'start: "x"{1000000}'}},
+                           "structured_outputs"),
     "bad-json-text": (COMPLETIONS, {"structured_outputs": {"json": "{not json"}},
                       "structured_outputs"),
     "two-kinds": (COMPLETIONS, {"structured_outputs": {"regex": "a", "choice": ["a"]}},

@@ -6,6 +6,10 @@ then only copies the compiled matcher (microseconds). Compiled grammars — and 
 errors, so a bad schema sent again is refused at once — are kept in a bounded LRU keyed
 by ``StructuredOutputsParams.key``. Safe to call from several threads.
 
+A grammar that compiles is also run for one step on a copy (``probe.probe_first_step``:
+first mask, one token consumed) under ``GRAMMAR_LIMITS``, so a grammar llguidance cannot
+run (lexer fuel, Earley items) is a compile error too, and its cost is bounded.
+
 The llguidance tokenizer (the model's vocabulary as byte strings, ~0.5-1 s to build)
 is built on first use, once per compiler. Token ids the tokenizer does not know (a model
 vocabulary wider than the tokenizer's) are never allowed by any grammar.
@@ -21,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from roseinfer.engine.structured.lru import LRUCache
 from roseinfer.engine.structured.matcher import GrammarMatcher
+from roseinfer.engine.structured.probe import probe_first_step
 from roseinfer.structured_outputs import StructuredOutputsParams
 
 if TYPE_CHECKING:
@@ -28,6 +33,12 @@ if TYPE_CHECKING:
 
 GRAMMAR_CACHE_SIZE = 256  # compiled grammars (and compile errors) kept per engine
 MAX_ERROR_CHARS = 1000  # of an llguidance error message passed on to the client
+# llguidance's parser limits, spelled out (its defaults): they bound both the compile
+# and the probe's first step (``LLParserLimits`` documents each one's cost).
+GRAMMAR_LIMITS = {
+    "max_items_in_row": 2_000, "initial_lexer_fuel": 1_000_000, "step_lexer_fuel": 200_000,
+    "step_max_items": 50_000, "max_lexer_states": 250_000, "max_grammar_size": 500_000,
+}
 
 
 class GrammarError(ValueError):
@@ -93,13 +104,17 @@ class GrammarCompiler:
             grammar = _grammar_text(kind, spec, compact)
         except ValueError as exc:
             return GrammarError(f"invalid {kind}: {_short(str(exc))}")
-        limits = llguidance.LLParserLimits(verbose_errors=False)
+        limits = llguidance.LLParserLimits(verbose_errors=False, **GRAMMAR_LIMITS)
         try:
             matcher = llguidance.LLMatcher(ll_tok, grammar, log_level=0, limits=limits)
         except Exception as exc:  # noqa: BLE001 - documented never to raise; be safe
             return GrammarError(f"invalid {kind}: {_short(str(exc))}")
         if matcher.is_error():
             return GrammarError(f"invalid {kind}: {_short(matcher.get_error())}")
+        problem = probe_first_step(matcher, int(ll_tok.vocab_size), self._eos_token_ids)
+        if problem is not None:
+            first_line = (problem.strip().splitlines() or ["unknown error"])[0]
+            return GrammarError(f"{kind} cannot be run: {_short(first_line)}")
         return CompiledGrammar(params.key, grammar, matcher)
 
 
