@@ -28,13 +28,21 @@ class ToolCall:
 
 @dataclass(slots=True)
 class CompletionOutput:
+    """One sequence of a request. The engine's outputs carry deltas: ``delta_*`` is what
+    is new since the previous output of the request. ``text``, ``token_ids`` and
+    ``logprobs`` are the whole sequence once it finished (``finish_reason`` set) and
+    empty while it runs, so outputs queued for a slow reader hold each piece of text
+    once (memory linear in the output, not quadratic); a streaming consumer that wants
+    the text so far joins the deltas itself."""
+
     index: int
-    text: str
-    token_ids: list[int]
+    text: str  # the whole text once finished; "" while running
+    token_ids: list[int]  # all generated ids once finished; [] while running
     # "stop", "length", "abort", "error" ("tool_calls": chat with tools); None while running
     finish_reason: str | None = None
     stop_reason: str | int | None = None  # matched stop string / stop token id
-    logprobs: list[dict[int, Logprob]] | None = None  # per generated token: id -> Logprob
+    # per generated token: id -> Logprob, once finished ([] while running; None: not asked)
+    logprobs: list[dict[int, Logprob]] | None = None
     cumulative_logprob: float | None = None
     delta_text: str = ""  # text added since the previous output of this request
     delta_token_ids: list[int] = field(default_factory=list)

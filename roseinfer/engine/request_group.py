@@ -2,9 +2,9 @@
 
 A request with ``n`` sequences runs as n ``Request`` objects (children); the group owns
 their detokenizers, the text and the number of output tokens sent so far for each, its
-prompt logprobs and its first failure, and builds the ``RequestOutput`` of a step: the
-full state plus what is new since the previous output (text, token ids and logprobs; a
-step may bring a sequence several tokens with speculative decoding).
+prompt logprobs and its first failure, and builds the ``RequestOutput`` of a step: what is new since the previous output (text,
+token ids and logprobs; a step may bring a sequence several tokens with speculative
+decoding), plus a sequence's whole text, ids and logprobs once it finished.
 """
 
 from __future__ import annotations
@@ -41,13 +41,17 @@ class RequestGroup:
         outs = []
         for i, child in enumerate(self.children):
             delta_text, sent = deltas.get(i, ("", child.num_output_tokens))
+            done = child.finish_reason is not None
             logprobs = None
             delta_lp = None
             if child.params.logprobs is not None:
-                logprobs = child.output_logprobs  # built once per token by the StepSampler
-                delta_lp = logprobs[sent:]
+                delta_lp = child.output_logprobs[sent:]  # built once per token (StepSampler)
+                logprobs = child.output_logprobs if done else []
+            # While running only the deltas: a queued output must not hold the whole
+            # text so far (a slow stream's outputs would take memory quadratic in length).
             outs.append(CompletionOutput(
-                index=i, text=self.texts[i], token_ids=child.output_token_ids,
+                index=i, text=self.texts[i] if done else "",
+                token_ids=child.output_token_ids if done else [],
                 finish_reason=child.finish_reason, stop_reason=child.stop_reason,
                 logprobs=logprobs,
                 cumulative_logprob=child.cumulative_logprob if logprobs is not None else None,

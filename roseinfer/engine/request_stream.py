@@ -64,11 +64,55 @@ class StepTimings:
 StepObserver = Callable[[StepTimings], None]
 
 
+class _Coalesced:
+    """One request's outputs that the reader has not taken yet, merged into one: the
+    latest output with every earlier delta (text, token ids, logprobs) in front of its
+    own. Text pieces are joined once, when taken."""
+
+    __slots__ = ("latest", "texts", "ids", "lps", "chars")
+
+    def __init__(self, out: RequestOutput) -> None:
+        self.latest = out
+        self.texts: dict[int, list[str]] = {}
+        self.ids: dict[int, list[int]] = {}
+        self.lps: dict[int, list] = {}
+        self.chars = 0
+        self._record(out)
+
+    def _record(self, out: RequestOutput) -> None:
+        for c in out.outputs:
+            self.texts.setdefault(c.index, []).append(c.delta_text)
+            self.ids.setdefault(c.index, []).extend(c.delta_token_ids)
+            if c.delta_logprobs:
+                self.lps.setdefault(c.index, []).extend(c.delta_logprobs)
+            self.chars += len(c.delta_text)
+
+    def add(self, out: RequestOutput) -> None:
+        self.latest = out
+        self._record(out)
+
+    def take(self) -> RequestOutput:
+        out = self.latest
+        for c in out.outputs:
+            pieces = self.texts.get(c.index, ())
+            if len(pieces) > 1:
+                c.delta_text = "".join(pieces)
+                c.delta_token_ids = self.ids[c.index]
+                if c.delta_logprobs is not None:
+                    c.delta_logprobs = self.lps.get(c.index, [])
+        return out
+
+
 class RequestStream:
     """Async iterator over the outputs of one or more requests submitted together.
 
     Yields ``RequestOutput`` objects (``request_id`` tells them apart) and stops once
     every request finished. ``abort()`` (idempotent) cancels the unfinished ones.
+
+    Bounded: the engine thread never waits for the reader. Outputs the reader has not
+    taken yet are merged per request (``_Coalesced``), so at most one item per request
+    waits here, holding the unsent deltas only (linear in the output, never the whole
+    text once per step); a slow reader gets fewer, larger deltas.
     """
 
     def __init__(self, engine: AsyncEngine, request_ids: Sequence[str],
@@ -76,7 +120,9 @@ class RequestStream:
         self._engine = engine
         self.request_ids = tuple(request_ids)
         self._unfinished = set(request_ids)
-        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self._pending: dict[str, _Coalesced] = {}  # request id -> its untaken outputs
+        self._error: BaseException | None = None
+        self._ready = asyncio.Event()
         self.loop = loop
         self._closed = False
 
@@ -84,28 +130,55 @@ class RequestStream:
     def finished(self) -> bool:
         return not self._unfinished
 
+    @property
+    def pending_items(self) -> int:
+        """Merged outputs waiting for the reader (at most one per request)."""
+        return len(self._pending)
+
+    @property
+    def pending_tokens(self) -> int:
+        """Token ids waiting for the reader."""
+        return sum(len(ids) for p in self._pending.values() for ids in p.ids.values())
+
+    @property
+    def pending_chars(self) -> int:
+        """Characters of text waiting for the reader."""
+        return sum(p.chars for p in self._pending.values())
+
     def _put(self, item: RequestOutput | BaseException) -> None:  # on the event loop
-        if not self._closed:
-            self._queue.put_nowait(item)
+        if self._closed:
+            return
+        if isinstance(item, BaseException):
+            self._error = self._error or item
+        elif (pending := self._pending.get(item.request_id)) is not None:
+            pending.add(item)
+        else:
+            self._pending[item.request_id] = _Coalesced(item)
+        self._ready.set()
 
     def __aiter__(self) -> RequestStream:
         return self
 
     async def __anext__(self) -> RequestOutput:
-        if not self._unfinished or self._closed:
-            raise StopAsyncIteration
-        item = await self._queue.get()
-        if isinstance(item, BaseException):
-            self._closed = True
-            self.abort()
-            raise item
-        if item.finished:
-            self._unfinished.discard(item.request_id)
-        return item
+        while True:
+            if not self._unfinished or self._closed:
+                raise StopAsyncIteration
+            if self._pending:
+                item = self._pending.pop(next(iter(self._pending))).take()
+                if item.finished:
+                    self._unfinished.discard(item.request_id)
+                return item
+            if self._error is not None:
+                self._closed = True
+                self.abort()
+                raise self._error
+            self._ready.clear()
+            await self._ready.wait()
 
     def abort(self) -> None:
         """Abort every unfinished request of this stream (safe to call many times)."""
         self._closed = True
+        self._pending.clear()
         if self._unfinished:
             self._engine.abort(list(self._unfinished))
             self._unfinished.clear()

@@ -39,6 +39,7 @@ class ServeOptions:
     max_body_bytes: int = 4 << 20
     log_stats_interval: float = 10.0
     warmup: bool = True
+    stream_stall_timeout_s: float = 60.0  # a client reading nothing this long is cut off
 
     def __post_init__(self) -> None:
         if self.num_replicas < 1:
@@ -68,6 +69,7 @@ class AppArgs(BaseModel):
     served_model_name: str | None = None  # one name, or several separated by commas
     api_key: str | None = None
     max_waiting_requests: int = Field(256, ge=1)
+    stream_stall_timeout_s: float = Field(60.0, ge=0)
     warmup: bool = True
 
     @model_validator(mode="before")
@@ -95,4 +97,4 @@ class AppArgs(BaseModel):
             max_ongoing_requests=self.max_ongoing_requests, max_retries=self.max_retries,
             served_model_names=names or (default_model_name(self.engine.model),),
             api_key=self.api_key, max_waiting_requests=self.max_waiting_requests,
-            warmup=self.warmup)
+            warmup=self.warmup, stream_stall_timeout_s=self.stream_stall_timeout_s)

@@ -47,7 +47,8 @@ class EngineReplica:
         self.engine = AsyncEngine.launch(build, max_waiting_requests=options.max_waiting_requests,
                                          log_stats_interval=options.log_stats_interval)
         settings = ServerSettings(served_model_names=options.served_model_names,
-                                  api_key=options.api_key, max_body_bytes=options.max_body_bytes)
+                                  api_key=options.api_key, max_body_bytes=options.max_body_bytes,
+                                  stream_stall_timeout_s=options.stream_stall_timeout_s)
         self.app = create_app(self.engine, settings)
         bm = self.engine.engine.block_manager
         logger.info("replica %s ready: %d KV blocks x %d tokens", self._replica_id(),

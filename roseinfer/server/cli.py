@@ -46,6 +46,9 @@ def register(subparsers: Any) -> None:
     g.add_argument("--max-waiting-requests", type=int, default=256,
                    help="answer 503 while this many sequences wait to be scheduled")
     g.add_argument("--max-body-bytes", type=int, default=4 << 20, help="413 above this size")
+    g.add_argument("--stream-stall-timeout", type=float, default=60.0,
+                   help="abort a stream whose client reads nothing for this many seconds "
+                        "(0: never)")
     g.add_argument("--graceful-timeout", type=int, default=30,
                    help="seconds in-flight requests may take to finish on SIGTERM")
     g.add_argument("--log-stats-interval", type=float, default=10.0,
@@ -162,7 +165,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     async_engine = AsyncEngine.launch(build, max_waiting_requests=args.max_waiting_requests,
                                       log_stats_interval=args.log_stats_interval)
     settings = ServerSettings(served_model_names=names, api_key=args.api_key,
-                              max_body_bytes=args.max_body_bytes, ui=args.ui)
+                              max_body_bytes=args.max_body_bytes, ui=args.ui,
+                              stream_stall_timeout_s=args.stream_stall_timeout)
     logger.info("serving %s at http://%s:%d/v1 (API key %s)", ", ".join(names), args.host,
                 args.port, "required" if args.api_key else "not required")
     if args.ui:
@@ -203,5 +207,5 @@ def _serve_on_ray(args: argparse.Namespace) -> int:
         served_model_names=tuple(args.served_model_name or (default_model_name(args.model),)),
         api_key=args.api_key, max_waiting_requests=args.max_waiting_requests,
         max_body_bytes=args.max_body_bytes, log_stats_interval=args.log_stats_interval,
-        warmup=args.warmup)
+        warmup=args.warmup, stream_stall_timeout_s=args.stream_stall_timeout)
     return serve_forever(config, options, args.host, args.port, args.ray_address)

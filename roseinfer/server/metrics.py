@@ -3,14 +3,16 @@
 Gauges and counters are read from the AsyncEngine's stats snapshot when scraped
 (a custom collector), so the engine keeps one source of truth. Latency histograms
 are fed by a step observer that runs on the engine thread (prometheus_client
-metrics are thread-safe).
+metrics are thread-safe). ``stream_aborts_total{reason}`` counts streams the server
+ended early: ``stalled`` (the client read nothing for ``--stream-stall-timeout``) and
+``disconnected``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -113,7 +115,20 @@ class ServerMetrics:
         self.e2e = Histogram(PREFIX + "e2e_request_latency_seconds",
                              "Time from arrival to the last token.", buckets=E2E_BUCKETS,
                              **labels).labels(model_name)
+        self.stream_aborts = Counter(PREFIX + "stream_aborts",
+                                     "Streams ended before their last token, by reason "
+                                     "(stalled: the client read nothing for the stall "
+                                     "timeout; disconnected: it left).",
+                                     labelnames=["model_name", "reason"],
+                                     registry=self.registry)
+        self._model = model_name
+        for reason in ("stalled", "disconnected"):
+            self.stream_aborts.labels(model_name, reason)
         engine.add_observer(self.observe)
+
+    def stream_aborted(self, reason: str) -> None:
+        """A stream ended early (``StreamResponse``): its request was aborted."""
+        self.stream_aborts.labels(self._model, reason).inc()
 
     def observe(self, timings: StepTimings) -> None:
         for value in timings.ttft:

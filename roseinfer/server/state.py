@@ -41,6 +41,7 @@ class ServerSettings:
     max_body_bytes: int = 4 << 20
     retry_after_s: int = 1
     ui: bool = False  # the web UI at / (routes_ui); `roseinfer serve` turns it on
+    stream_stall_timeout_s: float = 60.0  # abort a stream whose client reads nothing (0: never)
 
     def __post_init__(self) -> None:
         if not self.served_model_names:

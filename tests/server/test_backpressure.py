@@ -1,0 +1,87 @@
+"""A streaming client that reads nothing, behind a real uvicorn on 127.0.0.1.
+
+The server must not buffer its whole output: the engine's outputs for the stream are
+merged while the send is blocked (one queued item per request), and once nothing was
+read for the stall timeout the request is aborted, its KV blocks freed and the abort
+counted in /metrics (``stream_aborts_total{reason="stalled"}``).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+from roseinfer.server.state import ServerSettings
+from tests.server.helpers import metric, scrape, tiny_server, wait_until
+
+N, MAX_TOKENS = 16, 480
+STALL_S = 1.5
+
+
+def stalled_client(url: str, body: dict) -> socket.socket:
+    """Send ``body`` on a socket with a tiny receive buffer, then never read."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: the window
+    sock.settimeout(10)
+    sock.connect((host, int(port)))
+    payload = json.dumps(body).encode()
+    sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                 f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+                 .encode() + payload)
+    return sock
+
+
+def test_never_reading_stream_is_bounded_then_aborted():
+    settings = ServerSettings(served_model_names=("tiny",), stream_stall_timeout_s=STALL_S)
+    blocks = N * (MAX_TOKENS + 8) // 4 + 64
+    with tiny_server(settings, num_kv_blocks=blocks) as ts:
+        streams = []
+        add = ts.async_engine.add_requests
+
+        def recording_add(requests):  # noqa: ANN001, ANN202
+            streams.append(add(requests))
+            return streams[-1]
+
+        ts.async_engine.add_requests = recording_add
+        step = ts.gate._step
+
+        def slow_step():  # noqa: ANN202 - ~10 ms a step: the stall comes before the end
+            time.sleep(0.01)
+            return step()
+
+        ts.gate._step = slow_step
+        body = {"model": "tiny", "prompt": [5, 6, 7, 8, 9], "max_tokens": MAX_TOKENS, "n": N,
+                "temperature": 1.0, "seed": 3, "ignore_eos": True, "logprobs": 5,
+                "stream": True}
+        sock = stalled_client(ts.url, body)
+        try:
+            assert wait_until(lambda: streams, 10)
+            stream = streams[0]
+            most_items = most_tokens = 0
+            deadline = time.monotonic() + 30
+            while not stream.finished and time.monotonic() < deadline:
+                try:  # read from this thread while the event loop changes it
+                    most_items = max(most_items, stream.pending_items)
+                    most_tokens = max(most_tokens, stream.pending_tokens)
+                except RuntimeError:
+                    pass
+                time.sleep(0.005)
+            assert stream.finished, "the stalled stream was never aborted"
+            samples = scrape(ts.url)
+            assert metric(samples, "roseinfer:stream_aborts_total", reason="stalled") == 1
+            assert metric(samples, "roseinfer:request_success_total",
+                          finished_reason="abort") == N
+            # the engine ran ahead of the blocked send: deltas waited, merged into one item
+            assert most_items == 1 and most_tokens >= 4 * N, (most_items, most_tokens)
+            generated = ts.engine.get_stats().generation_tokens_total
+            assert generated < N * MAX_TOKENS  # aborted, not run to the end
+            bm = ts.engine.block_manager
+            assert wait_until(lambda: (bm.num_free_blocks == bm.num_blocks
+                                       and not ts.engine.has_unfinished_requests()), 10)
+            samples = scrape(ts.url)
+            assert (metric(samples, "roseinfer:kv_cache_free_blocks")
+                    == metric(samples, "roseinfer:kv_cache_total_blocks") == bm.num_blocks)
+        finally:
+            sock.close()
