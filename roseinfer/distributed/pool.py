@@ -145,8 +145,10 @@ class WorkerPool:
                 if store.check([f"error/{rank}"]):
                     report = store.get_json(f"error/{rank}")  # StoreAuthError if forged
                     why = report.get("error") if isinstance(report, dict) else None
+                    if not isinstance(why, str):
+                        why = repr(report)
                     raise RuntimeError(f"tensor-parallel worker rank {rank} failed to start:\n"
-                                       f"{why if isinstance(why, str) else report!r}")
+                                       f"{why}")
                 if store.check([f"ready/{rank}"]):
                     ready = store.get_json(f"ready/{rank}")
                     if ready != {"rank": rank, "spec": spec_digest}:
