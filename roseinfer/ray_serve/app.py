@@ -35,6 +35,7 @@ from ray.serve.deployment import Application
 
 from roseinfer.config import EngineConfig
 from roseinfer.ray_serve.ingress import Ingress
+from roseinfer.ray_serve.ingress_guard import IngressLimits
 from roseinfer.ray_serve.options import AppArgs, ServeOptions
 from roseinfer.ray_serve.replica import EngineReplica
 from roseinfer.ray_serve.router import PrefixAffinityRouter
@@ -69,8 +70,10 @@ def build(config: EngineConfig, options: ServeOptions) -> Application:
     ingress = serve.deployment(Ingress).options(
         name="Ingress", num_replicas=1, ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=INGRESS_MAX_ONGOING)
+    limits = IngressLimits(options.api_key, options.max_body_bytes,
+                           options.stream_stall_timeout_s)
     return ingress.bind(replica.bind(config, options), config.model, config.block_size,
-                        options.num_replicas, options.max_retries, config.weight_cache)
+                        options.num_replicas, options.max_retries, config.weight_cache, limits)
 
 
 def build_app(args: dict[str, Any]) -> Application:

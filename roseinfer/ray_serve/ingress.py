@@ -21,6 +21,12 @@ When no replica can take the call, the answer is an OpenAI-shaped 503.
 
 ``GET /ray/replicas`` answers each replica's identity and engine counters (prefix
 cache queries and hits among them), gathered through the router's ``replica_slot``.
+
+Before anything is read or parsed, the head is checked (``ingress_guard``): the API
+key (``/ray/replicas`` included) and the size limit by ``Content-Length``; a body
+without one is counted as it arrives and refused with a 413 at the limit. A relayed
+stream whose client reads nothing for the stall timeout is ended, which cancels the
+replica's call (and so aborts its request).
 """
 
 from __future__ import annotations
@@ -39,6 +45,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from roseinfer.ray_serve.asgi_bridge import ForwardedRequest, ResponseHead
+from roseinfer.ray_serve.ingress_guard import (
+    BodyTooLarge,
+    IngressLimits,
+    read_body,
+    refuse_head,
+    too_large,
+)
 from roseinfer.ray_serve.prefix_keys import PrefixKeys
 from roseinfer.ray_serve.router import SLOT_KWARG
 from roseinfer.server.errors import error_body
@@ -50,20 +63,41 @@ REPLICA_GONE = (RayActorError,)  # ActorDiedError and ActorUnavailableError amon
 
 
 class RelayedResponse(Response):
-    """Sends a replica's head and body chunks as they come (headers kept raw)."""
+    """Sends a replica's head and body chunks as they come (headers kept raw); a send
+    pending for ``stall_timeout`` s (the client reads nothing) ends the relay."""
 
-    def __init__(self, head: ResponseHead, chunks: AsyncIterator[bytes]) -> None:
+    def __init__(self, head: ResponseHead, chunks: AsyncIterator[bytes],
+                 stall_timeout: float | None = None) -> None:
         self.status_code = head.status
         self.raw_headers = [(k, v) for k, v in head.headers if k.lower() not in HOP_BY_HOP]
         self.chunks = chunks
+        self.stall_timeout = stall_timeout or None
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code,
-                    "headers": self.raw_headers})
-        async for chunk in self.chunks:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        try:
+            async with asyncio.timeout(self.stall_timeout) as deadline:
+                await send({"type": "http.response.start", "status": self.status_code,
+                            "headers": self.raw_headers})
+                async for chunk in self.chunks:
+                    deadline.reschedule(self._later())
+                    await send({"type": "http.response.body", "body": chunk,
+                                "more_body": True})
+                    deadline.reschedule(None)  # waiting for the replica is not a stall
+                deadline.reschedule(self._later())
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except TimeoutError:
+            logger.warning("client %s read nothing for %.0f s: relay ended",
+                           scope.get("client"), self.stall_timeout)
+        finally:
+            aclose = getattr(self.chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()  # the relay's finally cancels the replica's call
+
+    def _later(self) -> float | None:
+        if self.stall_timeout is None:
+            return None
+        return asyncio.get_running_loop().time() + self.stall_timeout
 
 
 def _error(status: int, message: str, code: str) -> JSONResponse:
@@ -80,7 +114,8 @@ class Ingress:
     """The HTTP entry point (deployed by ``app.build``)."""
 
     def __init__(self, replicas: DeploymentHandle, model: str | None, block_size: int,
-                 num_replicas: int, max_retries: int, weight_cache: bool | None = None) -> None:
+                 num_replicas: int, max_retries: int, weight_cache: bool | None = None,
+                 limits: IngressLimits | None = None) -> None:
         from roseinfer.model.loader import resolve_model_path
         from roseinfer.tokenizer import Tokenizer
 
@@ -89,12 +124,19 @@ class Ingress:
         self.replicas = replicas
         self.num_replicas = num_replicas
         self.max_retries = max_retries
+        self.limits = limits or IngressLimits()
 
     async def __call__(self, request: Request) -> Response:
         path = _app_path(request.scope)
+        refusal = refuse_head(request, path, self.limits)
+        if refusal is not None:
+            return refusal
         if path == STATS_PATH and request.method == "GET":
             return JSONResponse({"replicas": await self.replica_stats()})
-        body = await request.body()
+        try:
+            body = await read_body(request, self.limits.max_body_bytes)
+        except BodyTooLarge:
+            return too_large(self.limits.max_body_bytes)
         hashes = await run_in_threadpool(self.keys.for_body, path, body)
         forwarded = ForwardedRequest(request.method, path, request.scope.get("query_string", b""),
                                      tuple(request.headers.raw), body, hashes)
@@ -123,7 +165,8 @@ class Ingress:
             if not isinstance(head, ResponseHead):
                 call.cancel()
                 return _error(502, "the replica answered without a head", "bad_gateway")
-            return RelayedResponse(head, _relay(call, head, first))
+            return RelayedResponse(head, _relay(call, head, first),
+                                   self.limits.stream_stall_timeout_s)
         return _error(503, f"no replica could answer: {_first_line(failure)}",
                       "replica_unavailable")
 
