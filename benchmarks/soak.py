@@ -15,6 +15,16 @@ checks that the engine is idle with its whole KV pool free. Results go to ``--ou
         --serve-args "--num-threads 2 --quantization fp16 --max-waiting-requests 64"
     # a running server:
     .venv/bin/python benchmarks/soak.py --url http://127.0.0.1:8000 --server-pid 1234
+
+``--hostile-rounds R`` compares normal load alone with normal load beside a hostile
+mix (``roseinfer.bench.hostile``: never-reading streams, slow-header connections,
+requests with a rebinding Host header): after the warm-up, 2R interleaved phases of
+``--phase-s`` seconds (ABBA order); it reports the normal streams' TTFT p50/p99 per
+phase and the median over each condition's phases::
+
+    .venv/bin/python benchmarks/soak.py --hostile-rounds 3 --phase-s 40 \\
+        --concurrency 8 --stream-fraction 1 --disconnect-fraction 0 \\
+        --serve-args "--num-threads 2 --stream-stall-timeout 10 --request-timeout 10"
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ from typing import Any
 
 import httpx
 
+from roseinfer.bench.hostile import HostileMix, HostileOptions, compare_phases, run_phases
 from roseinfer.bench.server_process import start_server, stop_server, wait_healthy
 from roseinfer.bench.serving import make_prompt
 from roseinfer.bench.sse_client import HTTPStatusError, post_sse
@@ -63,6 +74,7 @@ class Soak:
     rss_series: list[tuple[float, int | None]] = field(default_factory=list)
     windows: list[dict[str, Any]] = field(default_factory=list)
     reported_until: float = 0.0  # seconds since t0 covered by emitted windows
+    hostile: dict[str, Any] = field(default_factory=dict)  # --hostile-rounds results
 
 
 # ---------------------------------------------------------------- measurement
@@ -174,7 +186,7 @@ async def run_json(client: httpx.AsyncClient, url: str, body: dict[str, Any],
 
 async def one_request(soak: Soak, client: httpx.AsyncClient, rng: random.Random) -> Record:
     args = soak.args
-    chat, stream = rng.random() < 0.5, rng.random() < 0.5
+    chat, stream = rng.random() < 0.5, rng.random() < args.stream_fraction
     path = "/v1/chat/completions" if chat else "/v1/completions"
     body = make_body(rng, args, soak.model, chat, stream)
     t_start = time.monotonic()
@@ -254,10 +266,19 @@ async def run_soak(soak: Soak) -> None:
     limits = httpx.Limits(max_connections=args.concurrency + 4)
     async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S, limits=limits) as client:
         report = asyncio.ensure_future(reporter(soak))
+        mix = HostileMix(soak.url, soak.model, HostileOptions(
+            stalled=args.stalled, slow_headers=args.slow_headers))
+        phases = asyncio.ensure_future(run_phases(
+            mix, args.hostile_rounds, args.phase_s, soak.t0, args.warmup_minutes * 60)
+        ) if args.hostile_rounds else None
         await asyncio.gather(*(client_loop(soak, client, w) for w in range(args.concurrency)))
         report.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await report
+        if phases is not None:
+            ttfts = [(r.start, r.ttft) for r in soak.records if r.ttft is not None]
+            soak.hostile = {**compare_phases(await phases, ttfts),
+                            "hostile_clients": mix.stats.summary()}
     # The last (partial) window: up to the deadline and the requests still in flight then.
     last = max((r.end for r in soak.records), default=0.0)
     if last >= soak.reported_until:
@@ -273,6 +294,9 @@ def engine_gauges(url: str) -> dict[str, float]:
         name = line.split("{", 1)[0].split(" ", 1)[0].removeprefix("roseinfer:")
         if not line.startswith("#") and name in wanted:
             out[name] = float(line.rsplit(" ", 1)[1])
+        elif not line.startswith("#") and name == "stream_aborts_total":
+            reason = line.split('reason="', 1)[1].split('"', 1)[0]
+            out[f"stream_aborts_{reason}"] = float(line.rsplit(" ", 1)[1])
     return out
 
 
@@ -304,6 +328,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--window-s", type=float, default=60.0, help="report window")
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--disconnect-fraction", type=float, default=0.5)
+    p.add_argument("--stream-fraction", type=float, default=0.5)
+    p.add_argument("--hostile-rounds", type=int, default=0,
+                   help="A/B rounds of normal load alone vs beside the hostile mix (0: off)")
+    p.add_argument("--phase-s", type=float, default=40.0, help="length of each A/B phase")
+    p.add_argument("--stalled", type=int, default=2, help="never-reading streams (hostile)")
+    p.add_argument("--slow-headers", type=int, default=8,
+                   help="slow-header connections (hostile)")
     p.add_argument("--max-tokens", type=int, nargs=2, default=(8, 96), metavar=("MIN", "MAX"))
     p.add_argument("--prompt-words", type=int, nargs=2, default=(4, 200),
                    metavar=("MIN", "MAX"))
@@ -312,6 +343,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not 0 <= args.disconnect_fraction <= 1:
         p.error("--disconnect-fraction must be in [0, 1]")
+    if args.hostile_rounds:  # the phases set the length
+        args.minutes = args.warmup_minutes + 2 * args.hostile_rounds * args.phase_s / 60
     if args.warmup_minutes >= args.minutes:
         p.error("--warmup-minutes must be shorter than --minutes")
     return args
@@ -330,12 +363,19 @@ def report(soak: Soak, gauges: dict[str, float], exit_code: int | None) -> dict[
     print(f"  RSS start {fmt_mib(soak.rss.get('start'))}, after warm-up {fmt_mib(warm)}, "
           f"end {fmt_mib(end)}; growth after warm-up {verdict}")
     print(f"  engine after the load: {gauges}")
+    for name in ("normal_only", "with_hostile"):
+        if name in soak.hostile:
+            h = soak.hostile[name]
+            print(f"  {name}: normal streams' TTFT p50/p99 (median of {h['phases']} phases) "
+                  f"{fmt_s(h['ttft_p50_s_median'])}/{fmt_s(h['ttft_p99_s_median'])} s")
+    if soak.hostile:
+        print(f"  hostile clients: {soak.hostile['hostile_clients']}")
     if exit_code is not None:
         print(f"  server exit code after SIGTERM: {exit_code}")
     return {"config": {**vars(soak.args), "url": soak.url, "model": soak.model, "server_pid": soak.pid},
             "total": total, "windows": soak.windows, "rss_kib": soak.rss,
             "rss_series": soak.rss_series, "rss_growth_after_warmup_pct": growth,
-            "engine_after": gauges, "server_exit_code": exit_code,
+            "engine_after": gauges, "server_exit_code": exit_code, "hostile": soak.hostile,
             "requests": [asdict(r) for r in soak.records]}
 
 
