@@ -1,8 +1,7 @@
 """GGUF checkpoints: metadata -> ModelConfig, tensors -> dequantized HF-named weights.
 
-The header (metadata and tensor table) is parsed here with ``struct`` over a
-read-only ``mmap``: ``gguf.GGUFReader`` builds one numpy view per vocabulary
-string and needs ~4 s for a 49k-token vocabulary, this takes ~0.1 s. Tensor
+The header (metadata and tensor table) is parsed and validated by
+:mod:`roseinfer.model.gguf_header` (``struct`` over a read-only ``mmap``). Tensor
 data stays memory-mapped; each tensor is dequantized with
 ``gguf.quants.dequantize`` only when the weights iterator reaches it.
 
@@ -14,11 +13,8 @@ values undone (Q/K row permutation, Gemma's ``1 + weight`` norms, GPT-2's transp
 from __future__ import annotations
 
 import logging
-import math
 import mmap
-import struct
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -31,15 +27,11 @@ from gguf.quants import dequantize
 from roseinfer.model.config import ModelConfig
 from roseinfer.model.gguf_arch import ROPE_TENSORS, gguf_model_config, hf_name, to_hf_tensor
 from roseinfer.model.gguf_arch import llama3_rope_factors as llama3_rope_factors  # re-export
+from roseinfer.model.gguf_header import GGUFTensorInfo as GGUFTensorInfo  # re-export
+from roseinfer.model.gguf_header import parse_header as _parse_header
 from roseinfer.model.loader import Checkpoint
 
 logger = logging.getLogger(__name__)
-
-_SCALARS: Mapping[int, tuple[str, int]] = MappingProxyType({  # GGUFValueType -> (struct, size)
-    0: ("B", 1), 1: ("b", 1), 2: ("H", 2), 3: ("h", 2), 4: ("I", 4), 5: ("i", 4),
-    6: ("f", 4), 7: ("?", 1), 10: ("Q", 8), 11: ("q", 8), 12: ("d", 8),
-})
-_STRING, _ARRAY = 8, 9
 
 # Tensor types read as plain values, not blocks (numpy dtype; BF16 is reinterpreted by torch).
 _PLAIN: Mapping[GGMLQuantizationType, Any] = MappingProxyType({
@@ -48,16 +40,6 @@ _PLAIN: Mapping[GGMLQuantizationType, Any] = MappingProxyType({
     GGMLQuantizationType.I8: np.int8, GGMLQuantizationType.I16: np.int16,
     GGMLQuantizationType.I32: np.int32, GGMLQuantizationType.I64: np.int64,
 })
-
-@dataclass(frozen=True)
-class GGUFTensorInfo:
-    """Where one tensor lives in the file. ``shape`` is in torch order (slowest dim first)."""
-
-    name: str
-    shape: tuple[int, ...]
-    qtype: GGMLQuantizationType
-    offset: int  # absolute byte offset in the file
-    nbytes: int
 
 
 class GGUFFile:
@@ -96,73 +78,6 @@ class GGUFFile:
                 f"which gguf {exc}"
             ) from exc
         return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(info.shape)
-
-
-def _parse_header(mm: mmap.mmap, path: Path) -> tuple[dict[str, Any], dict[str, GGUFTensorInfo]]:
-    if len(mm) < 24 or mm[:4] != b"GGUF":
-        raise ValueError(f"{path} is not a GGUF file (bad magic)")
-    version, n_tensors, n_kv = struct.unpack_from("<IQQ", mm, 4)
-    if version not in (2, 3):
-        raise ValueError(f"{path}: unsupported GGUF version {version} (big-endian files "
-                         "are not supported)")
-    pos = 24
-    metadata: dict[str, Any] = {}
-    for _ in range(n_kv):
-        key, pos = _read_str(mm, pos)
-        (vtype,) = struct.unpack_from("<I", mm, pos)
-        metadata[key], pos = _read_value(mm, pos + 4, vtype)
-    entries = []
-    for _ in range(n_tensors):
-        name, pos = _read_str(mm, pos)
-        (n_dims,) = struct.unpack_from("<I", mm, pos)
-        dims = struct.unpack_from(f"<{n_dims}Q", mm, pos + 4)
-        qtype, offset = struct.unpack_from("<IQ", mm, pos + 4 + 8 * n_dims)
-        pos += 4 + 8 * n_dims + 12
-        entries.append((name, tuple(reversed(dims)), GGMLQuantizationType(qtype), offset))
-    align = int(metadata.get("general.alignment", 32))
-    data_start = (pos + align - 1) // align * align
-    tensors: dict[str, GGUFTensorInfo] = {}
-    for name, shape, qtype, offset in entries:
-        block, type_size = GGML_QUANT_SIZES[qtype]
-        nbytes = math.prod(shape) // block * type_size
-        start = data_start + offset
-        if start + nbytes > len(mm):
-            raise ValueError(f"{path}: tensor {name!r} extends past the end of the file")
-        tensors[name] = GGUFTensorInfo(name, shape, qtype, start, nbytes)
-    return metadata, tensors
-
-
-def _read_str(mm: mmap.mmap, pos: int) -> tuple[str, int]:
-    (length,) = struct.unpack_from("<Q", mm, pos)
-    end = pos + 8 + length
-    return mm[pos + 8:end].decode("utf-8"), end
-
-
-def _read_value(mm: mmap.mmap, pos: int, vtype: int) -> tuple[Any, int]:
-    if vtype in _SCALARS:
-        fmt, size = _SCALARS[vtype]
-        return struct.unpack_from("<" + fmt, mm, pos)[0], pos + size
-    if vtype == _STRING:
-        return _read_str(mm, pos)
-    if vtype != _ARRAY:
-        raise ValueError(f"unknown GGUF metadata value type {vtype}")
-    etype, count = struct.unpack_from("<IQ", mm, pos)
-    pos += 12
-    if etype in _SCALARS:
-        fmt, size = _SCALARS[etype]
-        return list(struct.unpack_from(f"<{count}{fmt}", mm, pos)), pos + count * size
-    if etype == _STRING:  # vocabularies and merges: ~100k strings, so one tight loop
-        strings = []
-        for _ in range(count):
-            (length,) = struct.unpack_from("<Q", mm, pos)
-            strings.append(mm[pos + 8:pos + 8 + length].decode("utf-8"))
-            pos += 8 + length
-        return strings, pos
-    values = []
-    for _ in range(count):
-        value, pos = _read_value(mm, pos, etype)
-        values.append(value)
-    return values, pos
 
 
 def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
