@@ -10,6 +10,9 @@ table_len[N] | tables[N, W] | rows[R]``.  ``STOP`` in the header ends the worker
 Every rank then rebuilds the same ``AttentionMetadata`` (``build_attention_metadata``),
 runs its shard (the collectives are inside the model, ``layers``), computes its
 vocabulary columns of the wanted rows and gathers them on rank 0 (``ShardExecutor``).
+A worker checks every index of a step against its own tensors before running it
+(``_check``): a step message is only numbers, and a bad one is an error, never an
+out-of-bounds read or write in a kernel.
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ class ShardExecutor:
         self.model, self.config, self.comm = model, config, comm
         self.vocab_sizes = vocab_sizes
         self.block_size, self.device = block_size, device
+        self.num_blocks = num_blocks
         slots = num_blocks * block_size
         # One tensor per layer: [2 (K, V), slots, this rank's KV heads, head_dim].
         self.kv_caches = [
@@ -93,9 +97,37 @@ class ShardExecutor:
         header = self.comm.broadcast(torch.zeros(_HEADER, dtype=torch.int64), idle=True)
         if int(header[0]) == STOP:
             return False
-        payload = torch.zeros(StepMessage.payload_size(header), dtype=torch.int64)
-        self.run(StepMessage.unpack(header, self.comm.broadcast(payload)))
+        self._check_header(header)
+        payload = self.comm.broadcast(
+            torch.zeros(StepMessage.payload_size(header), dtype=torch.int64))
+        self._check_payload(header, payload)
+        self.run(StepMessage.unpack(header, payload))
         return True
+
+    def _check_header(self, header: Tensor) -> None:
+        """A step header within this rank's limits (before its payload is allocated)."""
+        kind, t, n, w, r = header.tolist()
+        if kind != STEP or min(t, n, w, r) < 0 or n > t or w > self.num_blocks \
+                or t > self.num_blocks * self.block_size or r > 2 * t:
+            raise ValueError(f"a step header out of range: {header.tolist()}")
+
+    def _check_payload(self, header: Tensor, payload: Tensor) -> None:
+        """Every index a step uses lies inside this rank's tensors (the C++ kernels do not
+        check them): token ids in the vocabulary, block ids in the pool, each sequence's
+        tokens within its blocks, rows among the step's tokens."""
+        _, t, n, w, r = header.tolist()
+        ids, computed, new, lens, tables, rows = payload.split([t, n, n, n, n * w, r])
+
+        def inside(x: Tensor, low: int, high: int) -> bool:  # low <= x < high
+            return x.numel() == 0 or (int(x.min()) >= low and int(x.max()) < high)
+
+        ok = (inside(ids, 0, sum(self.vocab_sizes)) and inside(tables, 0, self.num_blocks)
+              and inside(rows, 0, t) and inside(lens, 0, w + 1) and inside(new, 1, t + 1)
+              and inside(computed, 0, self.num_blocks * self.block_size)
+              and int(new.sum()) == t
+              and bool((computed + new <= lens * self.block_size).all()))
+        if not ok:
+            raise ValueError("a step message out of range (token ids, blocks or rows)")
 
     def stop_workers(self) -> None:
         """Rank 0: tell the workers to exit."""

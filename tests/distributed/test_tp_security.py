@@ -22,7 +22,9 @@ from roseinfer.distributed.auth import SECRET_ENV, SignedStore, StoreAuthError, 
 from roseinfer.distributed.comm import Rendezvous
 from roseinfer.distributed.pool import WorkerPool
 from roseinfer.distributed.spec import SpecError, WorkerSpec
+from roseinfer.distributed.step import ShardExecutor, StepMessage
 from roseinfer.distributed.worker import SPEC_KEY
+from roseinfer.model.attention_metadata import SeqSpec
 from tests.distributed.helpers import PROMPTS, engine, generate, greedy, save_llama, workers
 from tests.server.helpers import free_port
 
@@ -204,3 +206,31 @@ def test_spec_round_trips_and_malformed_specs_are_refused() -> None:
     for text in bad:
         with pytest.raises(SpecError):
             WorkerSpec.from_json(text)
+
+
+def test_worker_refuses_step_messages_out_of_range() -> None:
+    """A step's indices reach C++ kernels that do not check them: a worker checks each
+    against its own vocabulary, pool and step before running it."""
+    executor = ShardExecutor.__new__(ShardExecutor)  # only the limits matter here
+    executor.vocab_sizes, executor.num_blocks, executor.block_size = (150, 151), 8, 4
+    good = StepMessage([5, 6, 7, 300], [SeqSpec(0, 3, [1]), SeqSpec(4, 1, [2, 7])], [2, 3, 2])
+
+    def check(message: StepMessage) -> None:
+        header, payload = message.pack()
+        executor._check_header(header)
+        executor._check_payload(header, payload)
+
+    check(good)
+    bad = [
+        StepMessage([5, 6, 7, 301], good.seqs, good.rows),  # token outside the vocabulary
+        StepMessage([5, 6, 7, -1], good.seqs, good.rows),
+        StepMessage(good.token_ids, [SeqSpec(0, 3, [1]), SeqSpec(4, 1, [2, 8])], good.rows),
+        StepMessage(good.token_ids, [SeqSpec(0, 3, [1]), SeqSpec(8, 1, [2, 7])], good.rows),
+        StepMessage(good.token_ids, [SeqSpec(0, 3, [1]), SeqSpec(4, 1, [-2, 7])], good.rows),
+        StepMessage(good.token_ids, [SeqSpec(0, 2, [1]), SeqSpec(4, 1, [2, 7])], good.rows),
+        StepMessage(good.token_ids, good.seqs, [4]),  # a row the step does not have
+        StepMessage(list(range(40)), [SeqSpec(0, 40, list(range(8)))], [0]),  # > the pool
+    ]
+    for message in bad:
+        with pytest.raises(ValueError, match="out of range"):
+            check(message)
