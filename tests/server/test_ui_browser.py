@@ -269,6 +269,66 @@ def test_markdown_is_rendered_safely(ui_server, ctx) -> None:  # noqa: ANN001
     assert XSS in page.locator(".msg.assistant pre code").inner_text()
 
 
+DEEP = ">" * 3000 + " deep"  # 3,000 nested quotes: overflowed the renderer's stack
+FENCE_SOURCE = r"^ {0,3}(`{3,}|~{3,})\s*([^`\s]*)[^`]*$"  # markdown.js's FENCE
+
+
+def canned_reply(page: Any, text: str) -> None:
+    """The page's next chat completions are answered with ``text`` as one SSE chunk."""
+    events = [{"id": "c", "object": "chat.completion.chunk", "model": MODEL_NAME,
+               "choices": [{"index": 0, "delta": {"role": "assistant", "content": text},
+                            "finish_reason": None}]},
+              {"id": "c", "object": "chat.completion.chunk", "model": MODEL_NAME,
+               "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}]
+    body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+    page.route("**/v1/chat/completions", lambda route: route.fulfill(
+        status=200, headers={"content-type": "text/event-stream"}, body=body))
+
+
+def assert_idle(page: Any) -> None:
+    page.wait_for_selector(".msg.assistant:not(.streaming) .meta:not(:empty)")
+    assert page.is_enabled("#send") and page.is_disabled("#stop")
+    assert page.get_attribute("#messages", "aria-busy") == "false"
+    assert page.inner_text("#chat-status") == ""
+
+
+def test_deep_markdown_is_bounded_and_never_leaves_the_chat_busy(ui_server, ctx) -> None:  # noqa: ANN001
+    ts, _ = ui_server
+    page = ctx.new_page()
+    page.goto(ts.url + "/")
+    max_depth, html, safe = page.evaluate("""async text => {
+        const md = await import('/ui/static/markdown.js');
+        return [md.MAX_DEPTH, md.renderMarkdown(text), md.renderMarkdownSafe(text)]; }""", DEEP)
+    assert max_depth == 32 and html == safe
+    assert html.count("<blockquote>") == 32 == html.count("</blockquote>")
+    assert html.endswith("<p>" + "&gt;" * (3000 - 32) + " deep</p>" + "</blockquote>" * 32)
+    # In the chat: the reply renders (32 quotes deep), the chat is free again, and the
+    # stored conversation renders after a reload.
+    canned_reply(page, DEEP)
+    send(page, "Quote yourself")
+    assert_idle(page)
+    quotes = ".msg.assistant .body " + " > blockquote" * 32
+    assert page.locator(quotes).count() == 1
+    assert page.locator(quotes + " > blockquote").count() == 0
+    page.reload()
+    page.wait_for_selector(quotes)
+    assert page.is_enabled("#send")
+    # A renderer that throws anyway (forced here) shows the reply as plain text.
+    page.evaluate("""source => { const exec = RegExp.prototype.exec;
+        RegExp.prototype.exec = function (s) {
+          if (this.source === source && String(s).includes('BOOM')) throw new Error('boom');
+          return exec.call(this, s); }; }""", FENCE_SOURCE)
+    assert page.evaluate("""async text => (await import('/ui/static/markdown.js'))
+        .renderMarkdownSafe(text)""", "**BOOM** <b>x</b>\nnext") == (
+        "<p>**BOOM** &lt;b&gt;x&lt;/b&gt;<br>next</p>")
+    page.click("#new-chat")
+    canned_reply(page, "**BOOM** <b>x</b>")
+    send(page, "Break the renderer")
+    assert_idle(page)
+    assert page.locator(".msg.assistant .body").inner_text() == "**BOOM** <b>x</b>"
+    assert page.locator(".msg.assistant .body b, .msg.assistant .body strong").count() == 0
+
+
 def test_json_schema_and_settings_are_sent(ui_server, ctx) -> None:  # noqa: ANN001
     ts, _ = ui_server
     page = ctx.new_page()

@@ -4,7 +4,7 @@
 // time to first token and decode speed.
 
 import { apiFetch, errorMessage } from "./api.js";
-import { renderMarkdown } from "./markdown.js";
+import { renderMarkdownSafe } from "./markdown.js";
 import { sseEvents } from "./sse.js";
 
 const MESSAGES_KEY = "roseinfer.chat.messages";
@@ -229,7 +229,7 @@ export class ChatView {
   renderMessage(node, message) {
     const body = node.querySelector(".body");
     if (message.role === "user") body.textContent = message.content;
-    else body.innerHTML = renderMarkdown(message.content); // escaped by the renderer
+    else body.innerHTML = renderMarkdownSafe(message.content); // escaped; never throws
     const meta = node.querySelector(".meta");
     const info = message.meta;
     meta.textContent = info ? info.text : "";

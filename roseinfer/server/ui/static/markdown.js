@@ -9,6 +9,10 @@
 // runs to the end, as while streaming), inline `code`, **bold** / __bold__,
 // *italic* / _italic_, ~~strike~~, # headings, - / * / + and 1. lists, > quotes,
 // --- rules, paragraphs (single newlines become <br>).
+//
+// Bounded: > quotes nest at most MAX_DEPTH deep (the only recursion; lists are flat);
+// what is quoted deeper is shown as plain text, so ~3,000 nested > cannot overflow the
+// stack. renderMarkdownSafe never throws: on any error it returns the escaped text.
 
 const ESCAPES = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
 
@@ -21,8 +25,22 @@ const HEADING = /^ {0,3}(#{1,6})\s+(.*?)\s*#*\s*$/;
 const RULE = /^ {0,3}([-*_])(\s*\1){2,}\s*$/;
 const LIST_ITEM = /^( {0,6})([-*+]|\d{1,9}[.)])\s+(.*)$/;
 const QUOTE = /^ {0,3}>\s?(.*)$/;
+export const MAX_DEPTH = 32; // nested > quotes rendered as quotes
 
-export function renderMarkdown(source) {
+export function renderMarkdownSafe(source) {
+  try {
+    return renderMarkdown(source);
+  } catch {
+    return plainText(source);
+  }
+}
+
+// Escaped text, newlines as <br>, in one paragraph.
+export function plainText(source) {
+  return `<p>${escapeHtml(source).replace(/\r\n?|\n/g, "<br>")}</p>`;
+}
+
+export function renderMarkdown(source, depth = 0) {
   const lines = String(source).replace(/\r\n?/g, "\n").split("\n");
   const out = [];
   let paragraph = [];
@@ -41,7 +59,11 @@ export function renderMarkdown(source) {
     list = null;
   };
   const flushQuote = () => {
-    if (quote.length) out.push(`<blockquote>${renderMarkdown(quote.join("\n"))}</blockquote>`);
+    if (quote.length) {
+      const text = quote.join("\n");
+      const inner = depth + 1 < MAX_DEPTH ? renderMarkdown(text, depth + 1) : plainText(text);
+      out.push(`<blockquote>${inner}</blockquote>`);
+    }
     quote = [];
   };
   const flushAll = () => {
