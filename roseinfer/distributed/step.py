@@ -100,8 +100,9 @@ class ShardExecutor:
         self._check_header(header)
         payload = self.comm.broadcast(
             torch.zeros(StepMessage.payload_size(header), dtype=torch.int64))
-        self._check_payload(header, payload)
-        self.run(StepMessage.unpack(header, payload))
+        message = StepMessage.unpack(header, payload)
+        self._check(message)
+        self.run(message)
         return True
 
     def _check_header(self, header: Tensor) -> None:
@@ -111,21 +112,23 @@ class ShardExecutor:
                 or t > self.num_blocks * self.block_size or r > 2 * t:
             raise ValueError(f"a step header out of range: {header.tolist()}")
 
-    def _check_payload(self, header: Tensor, payload: Tensor) -> None:
+    def _check(self, message: StepMessage) -> None:
         """Every index a step uses lies inside this rank's tensors (the C++ kernels do not
         check them): token ids in the vocabulary, block ids in the pool, each sequence's
-        tokens within its blocks, rows among the step's tokens."""
-        _, t, n, w, r = header.tolist()
-        ids, computed, new, lens, tables, rows = payload.split([t, n, n, n, n * w, r])
-
-        def inside(x: Tensor, low: int, high: int) -> bool:  # low <= x < high
-            return x.numel() == 0 or (int(x.min()) >= low and int(x.max()) < high)
-
-        ok = (inside(ids, 0, sum(self.vocab_sizes)) and inside(tables, 0, self.num_blocks)
-              and inside(rows, 0, t) and inside(lens, 0, w + 1) and inside(new, 1, t + 1)
-              and inside(computed, 0, self.num_blocks * self.block_size)
-              and int(new.sum()) == t
-              and bool((computed + new <= lens * self.block_size).all()))
+        tokens within its blocks, rows among the step's tokens.  Python's min / max over
+        the lists ``unpack`` made, costing about as much as ``unpack`` itself (batch 64,
+        20 blocks each: 0.2-0.36 ms vs 0.19-0.22 ms on the loaded 2-core test machine)."""
+        ids, seqs, rows, t = message.token_ids, message.seqs, message.rows, \
+            len(message.token_ids)
+        size = self.block_size
+        ok = (_inside(ids, 0, sum(self.vocab_sizes)) and _inside(rows, 0, t)
+              and sum(s.num_new_tokens for s in seqs) == t)
+        for s in seqs:
+            if not ok:
+                break
+            ok = (s.num_computed_tokens >= 0 and s.num_new_tokens >= 1
+                  and s.num_computed_tokens + s.num_new_tokens <= len(s.block_table) * size
+                  and _inside(s.block_table, 0, self.num_blocks))
         if not ok:
             raise ValueError("a step message out of range (token ids, blocks or rows)")
 
@@ -145,3 +148,8 @@ class ShardExecutor:
         rows = torch.tensor(message.rows, dtype=torch.long, device=self.device)  # [R]
         local = self.model.compute_logits(hidden[rows]).float()  # [R, V / N]
         return self.comm.gather_columns(local, self.vocab_sizes)
+
+
+def _inside(values: list[int], low: int, high: int) -> bool:
+    """low <= every value < high."""
+    return not values or (min(values) >= low and max(values) < high)

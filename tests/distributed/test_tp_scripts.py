@@ -11,9 +11,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.distributed.helpers import PROMPTS, engine, generate, greedy, save_llama, tokens, workers
+from tests.server.helpers import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -23,6 +25,7 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_llama(tmp_path_factory.mktemp("llama"))
 
 
+@pytest.mark.slow  # a fresh interpreter and engine, ~10-40 s here
 def test_script_without_main_guard_runs_tensor_parallel(llama: Path, tmp_path: Path) -> None:
     script = tmp_path / "plain.py"
     script.write_text(textwrap.dedent(f"""\
@@ -79,3 +82,40 @@ def test_worker_dying_before_the_store_shows_its_stderr(llama: Path, tmp_path: P
         engine(llama, 2)
     assert "injected: worker cannot start" in str(info.value)
     assert not workers()
+
+
+@pytest.mark.slow  # a fresh interpreter and engine
+def test_workers_exit_when_rank0_is_killed(llama: Path, tmp_path: Path) -> None:
+    """SIGKILL leaves rank 0 no chance to stop its workers: they notice on their own."""
+    script = tmp_path / "killed.py"
+    script.write_text(textwrap.dedent(f"""\
+        import time
+
+        import psutil
+
+        from roseinfer.llm import LLM
+
+        llm = LLM({str(llama)!r}, tensor_parallel_size=2, num_threads=1, quantization="none",
+                  weight_cache=False, num_kv_blocks=64, block_size=4)
+        print("WORKERS", *[p.pid for p in psutil.Process().children()], flush=True)
+        time.sleep(120)
+        """))
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, text=True,
+                            stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # blocks until the engine has started
+        assert line.startswith("WORKERS "), line
+        pids = [int(p) for p in line.split()[1:]]
+        assert len(pids) == 1
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+    def gone(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    assert wait_until(lambda: all(gone(p) for p in pids), 15)

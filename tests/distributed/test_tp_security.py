@@ -218,7 +218,7 @@ def test_worker_refuses_step_messages_out_of_range() -> None:
     def check(message: StepMessage) -> None:
         header, payload = message.pack()
         executor._check_header(header)
-        executor._check_payload(header, payload)
+        executor._check(StepMessage.unpack(header, payload))
 
     check(good)
     bad = [
