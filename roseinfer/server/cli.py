@@ -22,10 +22,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from roseinfer.cli import add_engine_args, engine_config_from_args
+from roseinfer.server.api_key import resolve_api_key
 
 if TYPE_CHECKING:
     from roseinfer.engine.async_engine import AsyncEngine
     from roseinfer.engine.engine import LLMEngine
+    from roseinfer.server.conn_limits import ConnectionLimits
     from roseinfer.server.state import ServerSettings
 
 logger = logging.getLogger("roseinfer.server")
@@ -39,8 +41,25 @@ def register(subparsers: Any) -> None:
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1")
     g.add_argument("--port", type=int, default=8000)
-    g.add_argument("--api-key", default=os.environ.get("ROSEINFER_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' (default: $ROSEINFER_API_KEY)")
+    g.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' (visible in `ps`: prefer "
+                        "--api-key-file or $ROSEINFER_API_KEY)")
+    g.add_argument("--api-key-file", default=None,
+                   help="read the API key from this file (default: $ROSEINFER_API_KEY)")
+    g.add_argument("--public-metrics", action="store_true",
+                   help="serve /metrics without the API key")
+    g.add_argument("--allowed-hosts", nargs="+", default=(), metavar="HOST",
+                   help="Host names answered besides loopback ones ('*': any; default on a "
+                        "non-loopback --host: any)")
+    g.add_argument("--allowed-origins", nargs="+", default=(), metavar="ORIGIN",
+                   help="browser origins (scheme://host[:port], '*') served cross-origin "
+                        "with CORS headers")
+    g.add_argument("--request-timeout", type=float, default=30.0,
+                   help="seconds for a request's headers and body to arrive (408 after)")
+    g.add_argument("--timeout-keep-alive", type=int, default=5,
+                   help="close a keep-alive connection idle this many seconds")
+    g.add_argument("--max-connections", type=int, default=512,
+                   help="open connections; a request on one past it is answered 503")
     g.add_argument("--served-model-name", nargs="+", default=None,
                    help="model name(s) clients use; the first is reported (default: from --model)")
     g.add_argument("--max-waiting-requests", type=int, default=256,
@@ -106,15 +125,18 @@ def warmup(engine: LLMEngine) -> None:
 
 
 def run_server(async_engine: AsyncEngine, settings: ServerSettings, host: str, port: int,
-               graceful_timeout: int = 30, log_level: str = "info") -> int:
+               graceful_timeout: int = 30, log_level: str = "info",
+               limits: ConnectionLimits | None = None, timeout_keep_alive: int = 5) -> int:
     """Serve until SIGTERM / SIGINT; returns the process exit code."""
     import uvicorn
 
     from roseinfer.server.app import create_app
+    from roseinfer.server.conn_limits import ConnectionLimits, server_config
 
     app = create_app(async_engine, settings)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                            timeout_graceful_shutdown=graceful_timeout, access_log=False)
+    config = server_config(app, limits or ConnectionLimits(), host=host, port=port,
+                           log_level=log_level, timeout_graceful_shutdown=graceful_timeout,
+                           timeout_keep_alive=timeout_keep_alive, access_log=False)
     server = uvicorn.Server(config)
     # uvicorn re-raises the signal it caught once it has shut down gracefully; a no-op
     # handler underneath turns that into a normal return, so the exit code is 0.
@@ -139,8 +161,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from roseinfer.engine.async_engine import AsyncEngine
     from roseinfer.engine.engine import LLMEngine
     from roseinfer.runner.model_runner import kv_bytes_per_block
+    from roseinfer.server.access import AccessSettings
+    from roseinfer.server.conn_limits import ConnectionLimits
     from roseinfer.server.state import ServerSettings
 
+    try:  # the server's own options, checked before the model loads
+        args.api_key = resolve_api_key(args.api_key, args.api_key_file, os.environ)
+        access = AccessSettings(bind_host=args.host, allowed_hosts=tuple(args.allowed_hosts),
+                                allowed_origins=tuple(args.allowed_origins),
+                                public_metrics=args.public_metrics)
+        limits = ConnectionLimits(args.request_timeout, args.max_connections)
+    except ValueError as exc:
+        print(f"roseinfer serve: error: {exc}", file=sys.stderr)
+        return 2
     config = engine_config_from_args(args)
     names = tuple(args.served_model_name or (default_model_name(args.model),))
     logger.info("loading model %s (dtype %s, device %s)", args.model or DEFAULT_MODEL_NAME,
@@ -165,14 +198,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     async_engine = AsyncEngine.launch(build, max_waiting_requests=args.max_waiting_requests,
                                       log_stats_interval=args.log_stats_interval)
     settings = ServerSettings(served_model_names=names, api_key=args.api_key,
-                              max_body_bytes=args.max_body_bytes, ui=args.ui,
+                              max_body_bytes=args.max_body_bytes, ui=args.ui, access=access,
                               stream_stall_timeout_s=args.stream_stall_timeout)
     logger.info("serving %s at http://%s:%d/v1 (API key %s)", ", ".join(names), args.host,
                 args.port, "required" if args.api_key else "not required")
     if args.ui:
         logger.info("web UI (chat + engine dashboard) at http://%s:%d/", args.host, args.port)
     return run_server(async_engine, settings, args.host, args.port, args.graceful_timeout,
-                      args.log_level)
+                      args.log_level, limits, args.timeout_keep_alive)
 
 
 def _serve_on_ray(args: argparse.Namespace) -> int:
@@ -195,7 +228,8 @@ def _serve_on_ray(args: argparse.Namespace) -> int:
                          f"{os.cpu_count()}: lower --num-replicas or --num-threads")
     try:
         require_ray()
-    except ImportError as exc:
+        args.api_key = resolve_api_key(args.api_key, args.api_key_file, os.environ)
+    except (ImportError, ValueError) as exc:
         print(f"roseinfer: error: {exc}", file=sys.stderr)
         return 2
     from roseinfer.ray_serve.app import serve_forever

@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 from roseinfer.engine.request_stream import PendingRequest, RequestStream
 from roseinfer.sampling_params import SamplingParams
 from roseinfer.server.errors import bad_request
+from roseinfer.server.prompt_gate import get_gate
 from roseinfer.server.protocol import DetokenizeRequest, GenerateRequest, TokenizeRequest
 from roseinfer.server.state import collect, get_state, make_params
 from roseinfer.server.streaming import StreamResponse
@@ -47,9 +48,11 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
     if body.messages is not None:
         if not body.messages:
             raise bad_request("messages must not be empty", "messages")
-        ids = await state.render_chat(body.messages, body.add_generation_prompt)
+        ids = await get_gate(request).render_chat(
+            state, body.messages, add_generation_prompt=body.add_generation_prompt)
     else:
-        ids = await state.encode(body.prompt or "", body.add_special_tokens)
+        ids = await get_gate(request).encode(state, body.prompt or "", "prompt",
+                                             body.add_special_tokens)
     return {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids}
 
 
@@ -74,7 +77,7 @@ async def generate(body: GenerateRequest, request: Request) -> Response | dict[s
     arrival = time.monotonic()
     state = get_state(request)
     if isinstance(body.prompt, str):
-        ids = await state.encode(body.prompt)
+        ids = await get_gate(request).encode(state, body.prompt, "prompt")
     else:
         ids = list(body.prompt)
     state.check_prompt(ids, body.max_new_tokens, "prompt")

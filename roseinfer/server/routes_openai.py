@@ -20,6 +20,7 @@ from roseinfer.engine.request_stream import PendingRequest, RequestStream
 from roseinfer.outputs import CompletionOutput, RequestOutput
 from roseinfer.server.errors import bad_request
 from roseinfer.server.logprobs import chat_logprobs, completion_logprobs
+from roseinfer.server.prompt_gate import PromptGate, get_gate
 from roseinfer.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from roseinfer.server.responses import (
     AssistantMessage,
@@ -85,12 +86,14 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     state = get_state(request)
     _refuse_unknown_fields(body)
     model = state.check_model(body.model)
+    gate = get_gate(request)
+    gate.check_chat(state, body.messages, body.tools)  # before any grammar or template work
     if body.top_logprobs and not body.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
     plan = plan_tools(body)
     constraints = await tool_constraint(plan, state.validator, constraint_fields(body))
-    prompt_ids = await state.render_chat(body.messages,
-                                         tools=plan.tools if plan.active else None)
+    prompt_ids = await gate.render_chat(state, body.messages, tools=body.tools,
+                                        rendered_tools=plan.tools if plan.active else None)
     max_tokens = state.check_prompt(prompt_ids, body.max_completion_tokens or body.max_tokens,
                                     "messages")
     top_n = (body.top_logprobs or 0) if body.logprobs else None
@@ -180,9 +183,10 @@ async def _chat_events(state: ServerState, stream: RequestStream, rid: str, mode
 
 
 # ----------------------------------------------------------------- completions
-async def _completion_prompts(state: ServerState,
+async def _completion_prompts(state: ServerState, gate: PromptGate,
                               body: CompletionRequest) -> list[tuple[str | None, list[int]]]:
-    """(text, ids) of every prompt; token-id prompts have no text."""
+    """(text, ids) of every prompt; token-id prompts have no text. Every text is bounded
+    in characters before any is tokenized."""
     p = body.prompt
     if isinstance(p, str):
         items: list[str | list[int]] = [p]
@@ -192,10 +196,13 @@ async def _completion_prompts(state: ServerState,
         items = [p]  # type: ignore[list-item]
     else:
         items = list(p)  # type: ignore[arg-type]
+    for item in items:
+        if isinstance(item, str):
+            gate.check_chars(state, len(item), "prompt")
     out = []
     for item in items:
         if isinstance(item, str):
-            out.append((item, await state.encode(item)))
+            out.append((item, await gate.encode(state, item, "prompt")))
         else:
             out.append((None, list(item)))
     return out
@@ -212,7 +219,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response | A
     if body.best_of is not None and body.best_of != (body.n or 1):
         raise bad_request("best_of is not supported (other than best_of == n)", "best_of")
     constraints = constraint_fields(body)
-    prompts = await _completion_prompts(state, body)
+    prompts = await _completion_prompts(state, get_gate(request), body)
     max_tokens = body.max_tokens if body.max_tokens is not None else 16
     for _, ids in prompts:
         state.check_prompt(ids, max_tokens, "prompt")

@@ -26,6 +26,7 @@ from roseinfer.engine.request_stream import (
 from roseinfer.engine.validation import InvalidRequestError, RequestValidator
 from roseinfer.outputs import RequestOutput
 from roseinfer.sampling_params import SamplingParams
+from roseinfer.server.access import AccessSettings
 from roseinfer.server.errors import APIError, bad_request
 from roseinfer.server.metrics import ServerMetrics
 from roseinfer.server.protocol import ChatMessage
@@ -42,6 +43,7 @@ class ServerSettings:
     retry_after_s: int = 1
     ui: bool = False  # the web UI at / (routes_ui); `roseinfer serve` turns it on
     stream_stall_timeout_s: float = 60.0  # abort a stream whose client reads nothing (0: never)
+    access: AccessSettings = AccessSettings()  # Host / Origin / public /metrics
 
     def __post_init__(self) -> None:
         if not self.served_model_names:
