@@ -11,6 +11,9 @@ shard.  Files, in the order a step meets them:
   embedding);
 * ``step``: the step message rank 0 broadcasts and what every rank runs;
 * ``runner``: rank 0's ``TensorParallelRunner`` (``ModelRunner.execute``'s interface),
-  which starts, watches and stops the workers (``workers``);
+  which starts, watches and stops the workers (``pool``: ``roseinfer tp-worker``
+  subprocesses running ``worker``);
+* ``spec``: the JSON document a worker reads (validated field by field), and ``auth``:
+  the group's secret and the signed store every value goes through;
 * ``errors``: every failure is fatal to the engine (``ModelFailedError``).
 """

@@ -121,14 +121,17 @@ class WorkerPool:
     def dead(self, timeout: float = 0.0) -> list[str]:
         """'rank r (pid, exit code)' for each worker that has exited (waiting up to
         ``timeout`` s for one to, e.g. after a collective saw a peer's socket close)."""
-        procs = self.state.procs
+        return [f"rank {r} (pid {p.pid}, exit code {p.returncode})"
+                for r, p in self._exited(timeout)]
+
+    def _exited(self, timeout: float = 0.0) -> list[tuple[int, subprocess.Popen[bytes]]]:
         deadline = time.monotonic() + timeout
         while True:
-            dead = [(r, p) for r, p in enumerate(procs, start=1) if p.poll() is not None]
-            if dead or time.monotonic() >= deadline:
-                break
+            gone = [(r, p) for r, p in enumerate(self.state.procs, start=1)
+                    if p.poll() is not None]
+            if gone or time.monotonic() >= deadline:
+                return gone
             time.sleep(0.01)
-        return [f"rank {r} (pid {p.pid}, exit code {p.returncode})" for r, p in dead]
 
     def check(self) -> None:
         """``WorkerDiedError`` if any worker has exited."""
@@ -142,23 +145,20 @@ class WorkerPool:
         waiting = set(range(1, self.size))
         while waiting:
             for rank in sorted(waiting):
-                if store.check([f"error/{rank}"]):
-                    report = store.get_json(f"error/{rank}")  # StoreAuthError if forged
-                    why = report.get("error") if isinstance(report, dict) else None
-                    if not isinstance(why, str):
-                        why = repr(report)
-                    raise RuntimeError(f"tensor-parallel worker rank {rank} failed to start:\n"
-                                       f"{why}")
+                self._raise_reported(store, rank)
                 if store.check([f"ready/{rank}"]):
                     ready = store.get_json(f"ready/{rank}")
                     if ready != {"rank": rank, "spec": spec_digest}:
                         raise RuntimeError(f"tensor-parallel worker rank {rank} is ready with "
                                            f"another spec than this engine's: {ready!r}")
                     waiting.discard(rank)
-            dead = self.dead()
-            if waiting and dead:
-                raise RuntimeError(f"tensor-parallel worker {', '.join(dead)} exited while "
-                                   f"starting; its stderr ended with:\n{self._tails(dead)}")
+            exited = self._exited() if waiting else []
+            for rank, _ in exited:
+                self._raise_reported(store, rank)  # written just before it exited
+            if exited:
+                tails = "\n".join(f"[rank {r}] {self.tails[r - 1].text()}" for r, _ in exited)
+                raise RuntimeError(f"tensor-parallel worker {', '.join(self.dead())} exited "
+                                   f"while starting; its stderr ended with:\n{tails}")
             if waiting and time.monotonic() > deadline:
                 raise RuntimeError(f"tensor-parallel workers {sorted(waiting)} not ready "
                                    f"after {timeout_s:.0f} s")
@@ -166,10 +166,16 @@ class WorkerPool:
                 time.sleep(0.02)
         store.set_json("go", {"spec": spec_digest})
 
-    def _tails(self, dead: list[str]) -> str:
-        ranks = [int(d.split()[1]) for d in dead]
-        return "\n".join(f"[rank {r}] {self.tails[r - 1].text()}" for r in ranks
-                         if r <= len(self.tails))
+    @staticmethod
+    def _raise_reported(store: SignedStore, rank: int) -> None:
+        """Rank ``rank``'s own error (its traceback), if it wrote one."""
+        if not store.check([f"error/{rank}"]):
+            return
+        report = store.get_json(f"error/{rank}")  # StoreAuthError if forged
+        why = report.get("error") if isinstance(report, dict) else None
+        if not isinstance(why, str):
+            why = repr(report)
+        raise RuntimeError(f"tensor-parallel worker rank {rank} failed to start:\n{why}")
 
     def attach(self, stop: Callable[[], None]) -> None:
         """The group exists: ``close`` may now stop the workers with a message."""
