@@ -204,6 +204,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 args.port, "required" if args.api_key else "not required")
     if args.ui:
         logger.info("web UI (chat + engine dashboard) at http://%s:%d/", args.host, args.port)
+    logger.info("Host names answered: %s; cross-origin browser requests: %s",
+                "loopback" + "".join(f", {h}" for h in access.allowed_hosts)
+                if access.loopback_bound or access.allowed_hosts else "any",
+                ", ".join(access.allowed_origins) or "none")
     return run_server(async_engine, settings, args.host, args.port, args.graceful_timeout,
                       args.log_level, limits, args.timeout_keep_alive)
 
@@ -232,6 +236,14 @@ def _serve_on_ray(args: argparse.Namespace) -> int:
     except (ImportError, ValueError) as exc:
         print(f"roseinfer: error: {exc}", file=sys.stderr)
         return 2
+    from roseinfer.server.access import is_loopback_name
+
+    if not is_loopback_name(args.host.strip("[]").lower()) or args.allowed_hosts \
+            or args.allowed_origins or args.public_metrics:
+        logger.warning("with --ray the replicas answer loopback Host names only, no "
+                       "cross-origin requests, /metrics behind the key when one is set "
+                       "(--allowed-hosts, --allowed-origins, --public-metrics are not "
+                       "passed to them yet: docs/serving-security.md)")
     from roseinfer.ray_serve.app import serve_forever
     from roseinfer.ray_serve.options import ServeOptions
 
