@@ -5,6 +5,7 @@ started the way an operator would start it on another machine."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,11 +28,15 @@ def shared_secret(monkeypatch: pytest.MonkeyPatch) -> str:
     return secret
 
 
-def _tp_worker(address: str, rank: int) -> subprocess.Popen[bytes]:
+def _tp_worker(address: str, rank: int, secret_file: Path | None = None
+               ) -> subprocess.Popen[bytes]:
+    """With ``secret_file``: the secret from there, none in the worker's environment."""
+    env = {k: v for k, v in os.environ.items() if k != SECRET_ENV or secret_file is None}
+    extra = [] if secret_file is None else ["--secret-file", str(secret_file)]
     return subprocess.Popen(
         [sys.executable, "-m", "roseinfer.cli", "tp-worker", "--distributed-init-method",
-         address, "--rank", str(rank), "--host", "127.0.0.1"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+         address, "--rank", str(rank), "--host", "127.0.0.1", *extra],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
 def test_rank_joining_from_another_host_matches_one_process(tmp_path: Path) -> None:
@@ -70,16 +75,20 @@ def test_tp_worker_cli_checks_its_options() -> None:
                  "--rank", "0"]) == 2
 
 
-def test_killed_remote_rank_fails_the_engine_promptly(tmp_path: Path) -> None:
+def test_killed_remote_rank_fails_the_engine_promptly(tmp_path: Path,
+                                                       shared_secret: str) -> None:
     """Rank 0 cannot watch a remote rank's process: its death shows in the next
-    collective (the socket closes), which fails the step with ModelFailedError."""
+    collective (the socket closes), which fails the step with ModelFailedError.  This
+    worker reads the secret from --secret-file."""
     import time
 
     from roseinfer.engine.fault_isolation import ModelFailedError
 
     path = save_llama(tmp_path / "llama")
     address = f"tcp://127.0.0.1:{free_port()}"
-    worker = _tp_worker(address, 1)
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(shared_secret + "\n")
+    worker = _tp_worker(address, 1, secret_file)
     try:
         eng = engine(path, 2, distributed_init_method=address, distributed_local_workers=0)
         try:
