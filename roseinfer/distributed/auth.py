@@ -56,11 +56,11 @@ def check_secret(secret: str, source: str) -> str:
     return secret
 
 
-def read_secret(secret_file: str | None = None, environ: dict[str, str] | None = None) -> str:
+def read_secret(secret_file: str | None = None) -> str:
     """The secret of a joining worker: from ``secret_file`` if given, else from the
     ``ROSEINFER_TP_SECRET`` environment variable (removed from this process's environment
     once read, so nothing it starts inherits it)."""
-    env = os.environ if environ is None else environ
+    env = os.environ
     if secret_file is not None:
         env.pop(SECRET_ENV, None)
         return check_secret(Path(secret_file).read_text(), f"--secret-file {secret_file}")
@@ -97,10 +97,10 @@ class SignedStore(dist.Store):
 
     def get(self, key: str) -> bytes:
         raw = bytes(self.inner.get(key))
-        head, tag, data = raw[:len(_MAGIC)], raw[len(_MAGIC):len(_MAGIC) + _TAG], \
-            raw[len(_MAGIC) + _TAG:]
-        if head != _MAGIC or len(tag) != _TAG or not hmac.compare_digest(tag,
-                                                                          self._tag(key, data)):
+        start = len(_MAGIC) + _TAG
+        tag, data = raw[len(_MAGIC):start], raw[start:]
+        if (not raw.startswith(_MAGIC) or len(tag) != _TAG
+                or not hmac.compare_digest(tag, self._tag(key, data))):
             raise StoreAuthError(
                 f"the value under {key!r} in rank 0's store is not signed with this group's "
                 "secret: it was written by someone without the secret (or by a rank started "
