@@ -12,7 +12,8 @@ the context anyway (natural text averages 3-5 characters a token). Without the b
 The tokenizer runs in the thread pool (``ServerState.encode`` / ``render_chat``); the
 gate lets at most ``slots`` prompts (default: the cores, at most 4) be tokenized or
 rendered at once, so a burst of large prompts cannot take every pool thread (which
-``/metrics``, ``/detokenize`` and the grammar compiler share) nor every core.
+``/metrics`` and the grammar compiler share) nor every core. ``/detokenize`` goes
+through the same slots, with at most as many ids as a prompt may have characters.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import os
 from collections.abc import Sequence
 
 from fastapi import Request
+from starlette.concurrency import run_in_threadpool
 
 from roseinfer.server.errors import bad_request
 from roseinfer.server.protocol import ChatMessage, ToolDefinition
@@ -83,6 +85,20 @@ class PromptGate:
         self.check_chars(state, len(text), param)
         async with self._slots:
             return await state.encode(text, add_special_tokens)
+
+    async def decode(self, state: ServerState, ids: list[int], param: str = "tokens") -> str:
+        """Ids to text (``/detokenize``), bounded like a prompt: at most as many ids as
+        characters, decoded off the event loop in one of the slots."""
+        tok = state.engine.engine.tokenizer
+        if tok is None:
+            raise bad_request("this model has no tokenizer")
+        limit = self.char_limit(state)
+        if len(ids) > limit:
+            raise bad_request(f"{len(ids)} token ids are more than this server decodes at "
+                              f"once ({limit}, {MAX_PROMPT_CHARS_PER_TOKEN} x the model's "
+                              "maximum context length).", param)
+        async with self._slots:
+            return await run_in_threadpool(tok.decode, ids, False)
 
     async def render_chat(self, state: ServerState, messages: Sequence[ChatMessage], *,
                           add_generation_prompt: bool = True,

@@ -60,14 +60,13 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
 async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, Any]:
     state = get_state(request)
     state.check_model(body.model)
-    tok = state.engine.engine.tokenizer
-    if tok is None:
+    if state.engine.engine.tokenizer is None:
         raise bad_request("this model has no tokenizer")
     vocab = state.engine.engine.model_config.vocab_size
     bad = next((t for t in body.tokens if t >= vocab), None)
     if bad is not None:
         raise bad_request(f"token id {bad} is outside the vocabulary [0, {vocab})", "tokens")
-    text = await run_in_threadpool(tok.decode, body.tokens, False)
+    text = await get_gate(request).decode(state, body.tokens)
     return {"prompt": text}
 
 

@@ -95,6 +95,11 @@ def test_oversized_prompts_are_refused_before_tokenizing(ts: TinyServer, spy: Sp
         assert err["param"] == param and "characters" in err["message"], (path, err)
         assert time.monotonic() - start < 5
     assert spy.calls == 0, "an oversized prompt reached the tokenizer"
+    r = httpx.post(ts.url + "/detokenize", timeout=60,
+                   json={"model": MODEL_NAME, "tokens": [17] * (limit(ts) + 1)})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tokens"
+    r = httpx.post(ts.url + "/detokenize", json={"model": MODEL_NAME, "tokens": [17] * 3})
+    assert r.status_code == 200 and r.json()["prompt"]
     bm = ts.engine.block_manager
     assert bm.num_free_blocks == bm.num_blocks
 
