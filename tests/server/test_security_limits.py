@@ -30,6 +30,8 @@ IMPLS = ["h11", "httptools"]
 @contextlib.contextmanager
 def limited_server(impl: str, limits: ConnectionLimits,
                    keep_alive_s: int = 1) -> Iterator[tuple[str, Gate]]:
+    if impl == "httptools":
+        pytest.importorskip("httptools")
     engine = tiny_engine()
     gate = Gate(engine)
     app = create_app(AsyncEngine(engine), ServerSettings(served_model_names=("tiny",)))
