@@ -6,6 +6,7 @@ against round-robin's; a replica killed under load."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -91,6 +92,20 @@ def test_bad_requests_are_openai_shaped_400s(prefix_app: str) -> None:
     r = httpx.post(f"{prefix_app}/v1/completions", content=b"{not json", timeout=30,
                    headers={"content-type": "application/json"})
     assert r.status_code == 400 and set(r.json()["error"]) >= {"message", "type", "code"}
+
+
+def test_oversized_body_refused_before_it_arrives(prefix_app: str) -> None:
+    """Through Ray's proxy: a head announcing 20 MB gets its 413 while the body is
+    still unsent (the ingress never reads, parses or tokenizes it)."""
+    host, port = prefix_app.removeprefix("http://").split(":")
+    start = time.monotonic()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                     f"Content-Type: application/json\r\nContent-Length: {20 << 20}\r\n"
+                     "\r\n{\"prompt\": \"".encode())
+        status_line = sock.recv(4096).split(b"\r\n", 1)[0]
+    assert status_line.split()[1] == b"413", status_line
+    assert time.monotonic() - start < 20
 
 
 def test_client_that_leaves_aborts_its_request(prefix_app: str) -> None:
