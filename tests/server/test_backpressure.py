@@ -8,12 +8,24 @@ counted in /metrics (``stream_aborts_total{reason="stalled"}``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import time
+from collections.abc import Iterator
 
+from roseinfer.engine.async_engine import AsyncEngine
+from roseinfer.server.app import create_app
 from roseinfer.server.state import ServerSettings
-from tests.server.helpers import metric, scrape, tiny_server, wait_until
+from tests.server.helpers import (
+    Gate,
+    ServerThread,
+    TinyServer,
+    metric,
+    scrape,
+    tiny_engine,
+    wait_until,
+)
 
 N, MAX_TOKENS = 16, 480
 STALL_S = 1.5
@@ -33,10 +45,25 @@ def stalled_client(url: str, body: dict) -> socket.socket:
     return sock
 
 
+@contextlib.contextmanager
+def small_buffer_server(settings: ServerSettings, **engine_kw) -> Iterator[TinyServer]:
+    """``tiny_server`` whose accepted sockets have an 8 KiB send buffer (inherited from
+    the listening socket), so that a client that reads nothing stalls the server's sends
+    after a few steps, whatever the kernel's buffer autotuning would allow."""
+    engine = tiny_engine(**engine_kw)
+    gate = Gate(engine)
+    async_engine = AsyncEngine(engine)
+    st = ServerThread(create_app(async_engine, settings))
+    st.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)
+    with st:
+        yield TinyServer(st.url, async_engine, gate)
+        gate.open()
+
+
 def test_never_reading_stream_is_bounded_then_aborted():
     settings = ServerSettings(served_model_names=("tiny",), stream_stall_timeout_s=STALL_S)
     blocks = N * (MAX_TOKENS + 8) // 4 + 64
-    with tiny_server(settings, num_kv_blocks=blocks) as ts:
+    with small_buffer_server(settings, num_kv_blocks=blocks) as ts:
         streams = []
         add = ts.async_engine.add_requests
 
@@ -69,10 +96,9 @@ def test_never_reading_stream_is_bounded_then_aborted():
                     pass
                 time.sleep(0.005)
             assert stream.finished, "the stalled stream was never aborted"
-            samples = scrape(ts.url)
-            assert metric(samples, "roseinfer:stream_aborts_total", reason="stalled") == 1
-            assert metric(samples, "roseinfer:request_success_total",
-                          finished_reason="abort") == N
+            assert metric(scrape(ts.url), "roseinfer:stream_aborts_total", reason="stalled") == 1
+            assert wait_until(lambda: metric(scrape(ts.url), "roseinfer:request_success_total",
+                                             finished_reason="abort") == N, 10, 0.2)
             # the engine ran ahead of the blocked send: deltas waited, merged into one item
             assert most_items == 1 and most_tokens >= 4 * N, (most_items, most_tokens)
             generated = ts.engine.get_stats().generation_tokens_total
