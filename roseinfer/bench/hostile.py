@@ -3,8 +3,9 @@
 Three kinds, each a loop that keeps ``count`` connections of its kind going:
 
 * stalled readers: a streaming completion (``n`` sequences, long outputs) sent on a
-  socket with a 4 KiB receive buffer that never reads; the server should abort it after
-  its stall timeout (``--stream-stall-timeout``). A connection is held ``hold_s`` then
+  socket with a 4 KiB receive buffer that never reads; once the kernel's buffers are
+  full the server's sends wait, and it should abort the request after its stall
+  timeout (``--stream-stall-timeout``). A connection is held ``hold_s`` then
   closed and replaced (a socket the server gave up on may linger: the client never
   read what was in flight).
 * slow headers: a request head sent one byte every ``drip_s`` seconds; the server should
@@ -33,9 +34,11 @@ REBIND_HOST = "rebind.attacker.example:8000"
 @dataclass
 class HostileOptions:
     stalled: int = 2  # concurrent never-reading streams
-    stalled_n: int = 4
-    stalled_max_tokens: int = 512
-    hold_s: float = 30.0  # a stalled socket is closed (and replaced) after this long
+    # n x max_tokens events with 20 logprobs each (~1.5 KB): ~12 MB, past the up to 4 MiB
+    # a kernel's send buffer takes (tcp_wmem) before the server's send() has to wait
+    stalled_n: int = 8
+    stalled_max_tokens: int = 1024
+    hold_s: float = 60.0  # a stalled socket is closed (and replaced) after this long
     slow_headers: int = 8  # concurrent slow-header connections
     drip_s: float = 1.0
     max_drip_s: float = 120.0  # a slow-header connection the server never closes ends here
@@ -105,7 +108,7 @@ class HostileMix:
         body = json.dumps({"model": self.model, "prompt": "Tell me a very long story.",
                            "max_tokens": self.opt.stalled_max_tokens, "n": self.opt.stalled_n,
                            "stream": True, "ignore_eos": True, "temperature": 0.8,
-                           "logprobs": 5}).encode()  # large events: buffers fill sooner
+                           "logprobs": 20}).encode()  # large events: buffers fill sooner
         while not self._stop.is_set():
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the window
