@@ -6,6 +6,7 @@ answer must come before the body does."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 
@@ -37,27 +38,39 @@ class CountingKeys:
 
 
 class Call:
-    def __init__(self) -> None:
-        self.items = [ResponseHead(200, ((b"content-type", b"application/json"),)), b"{}"]
+    """A replica's streamed answer: a head and ``{}``, or (``endless``) SSE chunks of
+    64 KiB until cancelled."""
+
+    def __init__(self, endless: bool = False) -> None:
+        kind = b"text/event-stream" if endless else b"application/json"
+        self.items = [ResponseHead(200, ((b"content-type", kind),)), b"{}"]
+        self.endless = endless
+        self.cancelled = False
 
     def __aiter__(self):  # noqa: ANN204
         return self
 
     async def __anext__(self):  # noqa: ANN204
+        if self.endless and not self.cancelled:
+            await asyncio.sleep(0.001)
+            return self.items.pop(0) if self.items else b"data: " + b"x" * 0x10000 + b"\n\n"
         if not self.items:
             raise StopAsyncIteration
         return self.items.pop(0)
 
     def cancel(self) -> None:
+        self.cancelled = True
         self.items = []
 
 
 class Replicas:
     """Stands in for the replicas' ``DeploymentHandle``."""
 
-    def __init__(self) -> None:
+    def __init__(self, endless: bool = False) -> None:
         self.forward = self
         self.stats = self
+        self.endless = endless
+        self.calls: list[Call] = []
 
     def options(self, **_: object) -> Replicas:
         return self
@@ -67,16 +80,19 @@ class Replicas:
             async def stats() -> dict:
                 return {"replica_id": "r0"}
             return stats()
-        return Call()
+        self.calls.append(Call(self.endless))
+        return self.calls[-1]
 
 
-def ingress_server() -> tuple[ServerThread, CountingKeys]:
+def ingress_server(replicas: Replicas | None = None,
+                   stall_s: float = 60.0) -> tuple[ServerThread, CountingKeys]:
     ingress = Ingress.__new__(Ingress)
     ingress.keys = CountingKeys()
-    ingress.replicas = Replicas()
+    ingress.replicas = replicas or Replicas()
     ingress.num_replicas = 1
     ingress.max_retries = 0
-    ingress.limits = IngressLimits(api_key=KEY, max_body_bytes=LIMIT)
+    ingress.limits = IngressLimits(api_key=KEY, max_body_bytes=LIMIT,
+                                   stream_stall_timeout_s=stall_s)
     app = Starlette(routes=[Route("/{path:path}", ingress.__call__,
                                   methods=["GET", "POST"])])
     return ServerThread(app), ingress.keys
@@ -141,3 +157,23 @@ def test_replica_stats_need_the_key_and_probes_do_not():
         auth = f"Authorization: Bearer {KEY}\r\n"
         assert raw(server.url, get.format("/ray/replicas", auth))[0] == 200
         assert raw(server.url, get.format("/health", ""))[0] == 200
+
+
+def test_relay_to_a_client_that_reads_nothing_ends_and_cancels_the_call():
+    replicas = Replicas(endless=True)
+    server, _ = ingress_server(replicas, stall_s=1.0)
+    server.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)  # accepted sockets too
+    with server:
+        host, port = server.url.removeprefix("http://").split(":")
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        try:
+            sock.connect((host, int(port)))
+            ok = b'{"prompt": "hi", "stream": true}'
+            sock.sendall(post_head(len(ok)).encode() + ok)  # then never read
+            deadline = time.monotonic() + 20
+            while not (replicas.calls and replicas.calls[0].cancelled):
+                assert time.monotonic() < deadline, "the stalled relay was never ended"
+                time.sleep(0.05)
+        finally:
+            sock.close()
