@@ -71,7 +71,7 @@ def build(config: EngineConfig, options: ServeOptions) -> Application:
         name="Ingress", num_replicas=1, ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=INGRESS_MAX_ONGOING)
     limits = IngressLimits(options.api_key, options.max_body_bytes,
-                           options.stream_stall_timeout_s)
+                           options.stream_stall_timeout_s, options.access.public_metrics)
     return ingress.bind(replica.bind(config, options), config.model, config.block_size,
                         options.num_replicas, options.max_retries, config.weight_cache, limits)
 

@@ -3,7 +3,8 @@
 The ingress tokenizes prompts (chat template included) to route them, so a request it
 reads is work done before any replica's ``GuardMiddleware`` sees it. These checks run
 first, on the head alone: the API key (``/health`` and ``/ping`` stay open; everything
-else, ``/ray/replicas`` and ``/metrics`` included, needs it when a key is set) and the
+else, ``/ray/replicas`` and ``/metrics`` included, needs it when a key is set; ``/metrics``
+is open with ``public_metrics``) and the
 size limit by ``Content-Length`` (413 at once). A body without a length is counted as
 it arrives and cut off at the limit. Early answers close the connection: the body the
 client may still be sending is never read.
@@ -27,6 +28,7 @@ class IngressLimits:
     api_key: str | None = None
     max_body_bytes: int = 4 << 20
     stream_stall_timeout_s: float = 60.0  # relayed streams: a client reading nothing
+    public_metrics: bool = False  # /metrics open without the key (--public-metrics)
 
 
 class BodyTooLarge(Exception):
@@ -45,7 +47,8 @@ def too_large(limit: int) -> JSONResponse:
 
 def refuse_head(request: Request, path: str, limits: IngressLimits) -> JSONResponse | None:
     """401 or 413 from the request's head alone, or None to go on."""
-    if limits.api_key is not None and path not in PUBLIC_PATHS:
+    public = path in PUBLIC_PATHS or (limits.public_metrics and path == "/metrics")
+    if limits.api_key is not None and not public:
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if (scheme.lower() != "bearer" or not token
                 or not hmac.compare_digest(token.strip().encode(), limits.api_key.encode())):

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from roseinfer.config import EngineConfig
 from roseinfer.ray_serve.routing_policy import RoutingMode
+from roseinfer.server.access import AccessSettings
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class ServeOptions:
     log_stats_interval: float = 10.0
     warmup: bool = True
     stream_stall_timeout_s: float = 60.0  # a client reading nothing this long is cut off
+    access: AccessSettings = AccessSettings()  # Host / Origin / public /metrics, per replica
 
     def __post_init__(self) -> None:
         if self.num_replicas < 1:
@@ -71,6 +73,12 @@ class AppArgs(BaseModel):
     max_waiting_requests: int = Field(256, ge=1)
     stream_stall_timeout_s: float = Field(60.0, ge=0)
     warmup: bool = True
+    # Who may talk to the app (server/access.py): the address Serve's HTTP proxy is bound
+    # to, Host names and browser origins answered besides loopback ones (comma-separated).
+    bind_host: str = "127.0.0.1"
+    allowed_hosts: str | None = None
+    allowed_origins: str | None = None
+    public_metrics: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -97,4 +105,12 @@ class AppArgs(BaseModel):
             max_ongoing_requests=self.max_ongoing_requests, max_retries=self.max_retries,
             served_model_names=names or (default_model_name(self.engine.model),),
             api_key=self.api_key, max_waiting_requests=self.max_waiting_requests,
-            warmup=self.warmup, stream_stall_timeout_s=self.stream_stall_timeout_s)
+            warmup=self.warmup, stream_stall_timeout_s=self.stream_stall_timeout_s,
+            access=AccessSettings(bind_host=self.bind_host,
+                                  allowed_hosts=_split(self.allowed_hosts),
+                                  allowed_origins=_split(self.allowed_origins),
+                                  public_metrics=self.public_metrics))
+
+
+def _split(names: str | None) -> tuple[str, ...]:
+    return tuple(n.strip() for n in (names or "").split(",") if n.strip())

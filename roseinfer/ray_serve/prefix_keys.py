@@ -12,6 +12,12 @@ prefix went before.
 A body the replica would reject (bad JSON, unknown fields, a prompt that does not
 render) gets no hashes: the router then balances load only, and the replica answers
 the 400 as usual.
+
+The ingress does this work before any replica bounds the prompt, so it is bounded
+here: a text prompt is cut to ``MAX_CHARS_PER_TOKEN`` characters per hashed token
+before it is encoded (only its first ``max_blocks`` blocks are hashed; a cut can only
+change the tokens of the last characters kept), and a chat whose text is longer than
+that gets no hashes at all (its template must see every message).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from roseinfer.engine.block_manager import chain_hash
 from roseinfer.tokenizer import Tokenizer
 
 DEFAULT_MAX_BLOCKS = 64  # 1024 tokens with 16-token blocks: enough to tell prompts apart
+MAX_CHARS_PER_TOKEN = 32  # text looked at per hashed token (BPE tokens are rarely longer)
 CHAT_PATH = "/v1/chat/completions"
 COMPLETION_PATHS = frozenset({"/v1/completions", "/generate"})
 
@@ -47,6 +54,11 @@ class PrefixKeys:
         self.block_size = block_size
         self.max_blocks = max_blocks
 
+    @property
+    def max_chars(self) -> int:
+        """Characters of prompt text this router tokenizes at most."""
+        return self.max_blocks * self.block_size * MAX_CHARS_PER_TOKEN
+
     def for_body(self, path: str, body: bytes) -> tuple[int, ...]:
         if path != CHAT_PATH and path not in COMPLETION_PATHS:
             return ()
@@ -62,6 +74,9 @@ class PrefixKeys:
         from roseinfer.server.tools import message_dicts, plan_tools
         from roseinfer.tool_calls import chat_prompt_ids
 
+        if not isinstance(payload, dict) or _text_chars(payload.get("messages")) \
+                + _text_chars(payload.get("tools")) > self.max_chars:
+            return []  # too long to render here: load balancing only
         body = ChatCompletionRequest.model_validate(payload)
         plan = plan_tools(body)
         return chat_prompt_ids(self.tokenizer, message_dicts(body.messages),
@@ -73,7 +88,21 @@ class PrefixKeys:
         if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
             prompt = prompt[0]
         if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt)
+            ids = self.tokenizer.encode(prompt[:self.max_chars])
+            if len(prompt) > self.max_chars:  # the cut may have split the last tokens
+                ids = ids[:len(ids) - len(ids) % self.block_size - self.block_size]
+            return ids
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             return prompt
         return []
+
+
+def _text_chars(value: Any) -> int:
+    """Characters of all strings inside a JSON value (message contents, tool schemas)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_text_chars(v) + len(k) for k, v in value.items())
+    if isinstance(value, list):
+        return sum(_text_chars(v) for v in value)
+    return 0

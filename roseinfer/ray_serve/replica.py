@@ -48,7 +48,8 @@ class EngineReplica:
                                          log_stats_interval=options.log_stats_interval)
         settings = ServerSettings(served_model_names=options.served_model_names,
                                   api_key=options.api_key, max_body_bytes=options.max_body_bytes,
-                                  stream_stall_timeout_s=options.stream_stall_timeout_s)
+                                  stream_stall_timeout_s=options.stream_stall_timeout_s,
+                                  access=options.access)
         self.app = create_app(self.engine, settings)
         bm = self.engine.engine.block_manager
         logger.info("replica %s ready: %d KV blocks x %d tokens", self._replica_id(),

@@ -236,14 +236,15 @@ def _serve_on_ray(args: argparse.Namespace) -> int:
     except (ImportError, ValueError) as exc:
         print(f"roseinfer: error: {exc}", file=sys.stderr)
         return 2
-    from roseinfer.server.access import is_loopback_name
+    from roseinfer.server.access import AccessSettings
 
-    if not is_loopback_name(args.host.strip("[]").lower()) or args.allowed_hosts \
-            or args.allowed_origins or args.public_metrics:
-        logger.warning("with --ray the replicas answer loopback Host names only, no "
-                       "cross-origin requests, /metrics behind the key when one is set "
-                       "(--allowed-hosts, --allowed-origins, --public-metrics are not "
-                       "passed to them yet: docs/serving-security.md)")
+    try:
+        access = AccessSettings(bind_host=args.host, allowed_hosts=tuple(args.allowed_hosts),
+                                allowed_origins=tuple(args.allowed_origins),
+                                public_metrics=args.public_metrics)
+    except ValueError as exc:
+        print(f"roseinfer serve: error: {exc}", file=sys.stderr)
+        return 2
     from roseinfer.ray_serve.app import serve_forever
     from roseinfer.ray_serve.options import ServeOptions
 
@@ -253,5 +254,5 @@ def _serve_on_ray(args: argparse.Namespace) -> int:
         served_model_names=tuple(args.served_model_name or (default_model_name(args.model),)),
         api_key=args.api_key, max_waiting_requests=args.max_waiting_requests,
         max_body_bytes=args.max_body_bytes, log_stats_interval=args.log_stats_interval,
-        warmup=args.warmup, stream_stall_timeout_s=args.stream_stall_timeout)
+        warmup=args.warmup, stream_stall_timeout_s=args.stream_stall_timeout, access=access)
     return serve_forever(config, options, args.host, args.port, args.ray_address)

@@ -80,3 +80,16 @@ def test_ingress_forwards_the_path_below_the_route_prefix() -> None:
     assert _app_path({"path": "/v1/models", "root_path": ""}) == "/v1/models"
     assert _app_path({"path": "/llm/v1/models", "root_path": "/llm"}) == "/v1/models"
     assert _app_path({"path": "/llm", "root_path": "/llm"}) == "/"
+
+
+def test_serve_run_access_settings_reach_the_replicas() -> None:
+    options = AppArgs.model_validate({"bind_host": "0.0.0.0", "allowed_hosts": "a.example, b",
+                                      "allowed_origins": "http://ui.example:3000",
+                                      "public_metrics": "true"}).serve_options()
+    access = options.access
+    assert not access.loopback_bound and access.public_metrics
+    assert access.allowed_hosts == ("a.example", "b")
+    assert access.host_allowed("a.example:8000") and not access.host_allowed("c.example")
+    assert access.origin_listed("http://ui.example:3000")
+    default = AppArgs.model_validate({}).serve_options().access
+    assert default.loopback_bound and not default.host_allowed("rebind.attacker.example")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from roseinfer.engine.block_manager import chain_hash
@@ -96,3 +98,26 @@ def test_prefix_keys_of_completion_bodies() -> None:
                        ("/v1/completions", b'{"prompt": 3}'),
                        ("/v1/chat/completions", b'{"messages": "x"}')]:
         assert keys.for_body(path, body) == ()
+
+
+class _CountingTok(_Tok):
+    """Counts the characters it was asked to encode."""
+
+    def __init__(self) -> None:
+        self.chars = 0
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        self.chars += len(text)
+        return super().encode(text, add_special_tokens)
+
+
+def test_prefix_keys_bound_the_text_they_tokenize() -> None:
+    tok = _CountingTok()
+    keys = PrefixKeys(tok, block_size=4, max_blocks=8)  # type: ignore[arg-type]
+    long = "abcdefgh" * 100_000  # 800,000 characters
+    hashes = keys.for_body("/v1/completions", json.dumps({"prompt": long}).encode())
+    assert tok.chars == keys.max_chars < len(long)
+    assert hashes == block_hashes([1] + [ord(c) for c in long[:64]], 4, 8)  # still routed
+    chat = {"messages": [{"role": "user", "content": long}]}
+    assert keys.for_body("/v1/chat/completions", json.dumps(chat).encode()) == ()
+    assert tok.chars == keys.max_chars  # the long chat was never rendered nor encoded
