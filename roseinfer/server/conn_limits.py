@@ -18,7 +18,12 @@ plus ``_LimitsMixin``:
   answered (a long stream) has no timer, and while reading is paused by flow control
   (a pipelined request waiting for the one before) the deadline is pushed back;
 * a connection opened while ``max_connections`` others are open answers its request
-  with a 503 (``Retry-After``, ``Connection: close``) after reading its body.
+  with a 503 (``Retry-After``, ``Connection: close``) after reading its body;
+* each accepted socket's kernel send buffer is capped at ``send_buffer_bytes`` (256 KiB;
+  Linux autotunes it up to 4 MiB otherwise), so a client that stops reading fills it
+  after kilobytes, uvicorn's flow control pauses the stream's ``send()``, and the
+  stream-stall timeout (``streaming.py``) sees it: the kernel memory a stalled client
+  can pin is bounded too.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import asyncio
 import functools
 import json
 import logging
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +50,7 @@ OVER_CAPACITY_DRAIN_BYTES = 4 << 20
 class ConnectionLimits:
     request_timeout: float = 30.0  # s for a request's head and body to arrive
     max_connections: int | None = 512  # open connections; past it a 503
+    send_buffer_bytes: int | None = 256 << 10  # each socket's SO_SNDBUF (None: the kernel's)
 
     def __post_init__(self) -> None:
         if not self.request_timeout > 0:
@@ -83,6 +90,12 @@ class _LimitsMixin:
     # ------------------------------------------------------------ uvicorn's hooks
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        sock = transport.get_extra_info("socket")
+        if self.limits.send_buffer_bytes is not None and sock is not None:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.limits.send_buffer_bytes)
+            except OSError:  # not a TCP socket (a Unix socket in tests): keep its buffer
+                pass
         cap = self.limits.max_connections
         if cap is not None and len(self.connections) > cap:
             logger.warning("%d connections open, over --max-connections %d: answering 503",

@@ -28,8 +28,8 @@ IMPLS = ["h11", "httptools"]
 
 
 @contextlib.contextmanager
-def limited_server(impl: str, limits: ConnectionLimits,
-                   keep_alive_s: int = 1) -> Iterator[tuple[str, Gate]]:
+def limited_server(impl: str, limits: ConnectionLimits, keep_alive_s: int = 1,
+                   servers: list[uvicorn.Server] | None = None) -> Iterator[tuple[str, Gate]]:
     if impl == "httptools":
         pytest.importorskip("httptools")
     engine = tiny_engine()
@@ -40,6 +40,8 @@ def limited_server(impl: str, limits: ConnectionLimits,
     config = server_config(app, limits, impl=impl, log_level="warning",
                            timeout_keep_alive=keep_alive_s, timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
+    if servers is not None:
+        servers.append(server)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
@@ -160,3 +162,18 @@ def test_connections_past_the_cap_get_503(impl: str) -> None:
         finally:
             for s in held:
                 s.close()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_accepted_sockets_get_a_small_send_buffer(impl: str) -> None:
+    """A client that stops reading fills 256 KiB of kernel buffer, not autotuned MiBs,
+    before the stream's send() waits (and the stall timeout can see it)."""
+    servers: list[uvicorn.Server] = []
+    with limited_server(impl, ConnectionLimits(5.0, 8, send_buffer_bytes=64 << 10),
+                        servers=servers) as (url, _), connect(url) as client:
+        client.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert client.recv(65536).startswith(b"HTTP/1.1 200")
+        conns = list(servers[0].server_state.connections)
+        assert len(conns) == 1
+        sock = conns[0].transport.get_extra_info("socket")
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) == 2 * (64 << 10)  # doubled
