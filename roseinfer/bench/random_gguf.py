@@ -67,7 +67,7 @@ FORMATS = ("F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K"
            "Q4_K_M")
 # Byte offsets of the fp16 scale fields of a block, for the types written as random blocks.
 _FP16_FIELDS: MappingProxyType[QT, tuple[int, ...]] = MappingProxyType({
-    QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q6_K: (208,),
+    QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q6_K: (208,), QT.Q2_K: (80, 82), QT.Q3_K: (108,),
 })
 _ROWS_PER_CHUNK = 64
 _STD = 0.02
@@ -188,22 +188,25 @@ def _metadata(shape: ModelShape, vocab: int) -> dict[str, Any]:
 def write_random_gguf(path: Path, shape: ModelShape, fmt: str, seed: int = 0,
                       tokenizer_source: Path | None = None,
                       llama_quantize: Path | None = None,
-                      log: Callable[[str], None] = lambda _: None) -> Path:
-    """Write ``shape`` with random weights stored as ``fmt`` (one of ``FORMATS``)."""
-    if fmt not in FORMATS:
+                      log: Callable[[str], None] = lambda _: None,
+                      tokenizer: dict[str, Any] | None = None) -> Path:
+    """Write ``shape`` with random weights stored as ``fmt`` (one of ``FORMATS``, or Q2_K /
+    Q3_K as random blocks).  ``tokenizer``: ``tokenizer.*`` metadata to write instead of
+    ``tokenizer_source``'s (the default model's); its token list sets the vocabulary."""
+    if fmt not in FORMATS and fmt not in ("Q2_K", "Q3_K"):
         raise ValueError(f"unknown format {fmt!r}; supported: {FORMATS}")
     if llama_quantize is not None and fmt not in ("F16", "BF16"):
         f16 = path.with_name(path.stem + ".f16.gguf")
-        write_random_gguf(f16, shape, "F16", seed, tokenizer_source, None, log)
+        write_random_gguf(f16, shape, "F16", seed, tokenizer_source, None, log, tokenizer)
         log(f"llama-quantize {f16.name} -> {path.name} ({fmt})")
         subprocess.run([str(llama_quantize), str(f16), str(path), fmt], check=True, timeout=3600)
         f16.unlink()
         return path
-    if tokenizer_source is None:
+    if tokenizer is None and tokenizer_source is None:
         from roseinfer.model.loader import default_model_path
 
         tokenizer_source = default_model_path()
-    tok = tokenizer_metadata(tokenizer_source)
+    tok = tokenizer if tokenizer is not None else tokenizer_metadata(tokenizer_source)
     vocab = len(tok["tokenizer.ggml.tokens"])
     plan = tensor_plan(shape, vocab, fmt)
     w = gguf.GGUFWriter(str(path), shape.arch)
