@@ -27,7 +27,7 @@ from roseinfer.model.cache_key import (
     source_fingerprint,
 )
 from roseinfer.model.config import ModelConfig
-from roseinfer.model.loader import Checkpoint, load_checkpoint
+from roseinfer.model.loader import Checkpoint, load_checkpoint, resolve_model_path
 from roseinfer.model.progress import note, progress, step
 from roseinfer.model.quantize import quantize_model
 from roseinfer.model.registry import create_meta_model, create_model, materialize, reset_buffers
@@ -48,15 +48,15 @@ def load_model(
     source).  ``quantization`` (``"none"``, ``"int8"``...): convert to that format, using
     the weight cache unless ``weight_cache`` is False (None: ``cache_key.cache_enabled``);
     None: return the model as loaded (no cache), for the caller's ``quantize_model``."""
+    if quantization is not None:
+        from roseinfer.model.gguf_stream import stream_gguf
+
+        streamed = stream_gguf(resolve_model_path(model), dtype, device, quantization)
+        if streamed is not None:  # GGUF weights as stored, from the mmapped file: no cache
+            return streamed
     ckpt = load_checkpoint(model)
     if quantization is None:
         return _load(ckpt, dtype, device), ckpt.config, ckpt.source
-    from roseinfer.model.gguf_stream import can_stream, load_gguf_streamed
-
-    if can_stream(ckpt.source, ckpt.config, dtype, device, quantization):
-        # GGUF weights as stored, straight from the mmapped file: nothing to cache.
-        net, config = load_gguf_streamed(ckpt.source)
-        return net, config, ckpt.source
     cache = _cache_entry(ckpt, dtype, device, quantization, weight_cache)
     if cache is not None:
         net = _from_cache(cache, ckpt.config, dtype, device, quantization)
