@@ -1,0 +1,240 @@
+// The quantized GGUF formats' GEMM (see gguf_gemm.h): per-format block decoders
+// (portable and AVX2, the same values), one inline-asm tile loop over decoded blocks,
+// the portable kernel (same results) and the driver.
+#include "gguf_gemm.h"
+
+#include <memory>
+
+#include "gguf_decode.h"
+#include "q8_tiles.h"
+
+namespace roseinfer {
+
+namespace {
+
+constexpr int kMaxSmallRows = 5;  // steps of up to this many rows decode per super-block
+
+// This thread's decoded-block buffer of at least n blocks (reused: no allocation, no
+// page faults per call).
+DBlock* decode_buffer(int64_t n) {
+  thread_local std::vector<DBlock> buf;
+  if (static_cast<int64_t>(buf.size()) < n) buf.resize(n);
+  return buf.data();
+}
+
+// Portable kernel: one row and column at a time, the same integer dots and fp32 steps.
+template <class F>
+void panels_scalar(const GgufPanels& g, const int16_t* xq, const float* dx, const float* sx,
+                   int64_t M, int64_t p0, int64_t p1, const float* bias, float* y,
+                   int64_t ldy) {
+  const int64_t K = g.K, KB = K / 32, NSB = K / F::E, BPS = F::E / 32;
+  DBlock* blk = decode_buffer(BPS);
+  std::vector<float> acc(M * 16);
+  for (int64_t p = p0; p < p1; ++p) {
+    std::fill(acc.begin(), acc.end(), 0.f);
+    for (int64_t sb = 0; sb < NSB; ++sb) {
+      const uint8_t* psb = g.packed.data_ptr<uint8_t>() + (p * NSB + sb) * F::kPanel;
+      for (int jj = 0; jj < BPS; ++jj) decode_scalar<F>(psb, jj, blk[jj]);
+      for (int64_t m = 0; m < M; ++m)
+        for (int jj = 0; jj < BPS; ++jj) {
+          const int64_t j = sb * BPS + jj;
+          const int16_t* xr = xq + m * K + j * 32;
+          const DBlock& o = blk[jj];
+          for (int c = 0; c < 16; ++c) {
+            int32_t dot[2] = {0, 0};
+            for (int k = 0; k < 32; ++k)
+              dot[F::HALVES == 2 ? k / 16 : 0] += int32_t(xr[k]) * o.qp[(k / 2) * 32 + 2 * c + k % 2];
+            float& a = acc[m * 16 + c];
+            a = std::fma(static_cast<float>(dot[0]), dx[m * KB + j] * o.d0[c], a);
+            if (F::HALVES == 2) a = std::fma(static_cast<float>(dot[1]), dx[m * KB + j] * o.d1[c], a);
+            if (F::kMin) a = std::fma(sx[m * KB + j], o.m[c], a);
+          }
+        }
+    }
+    const int64_t n0 = p * 16;
+    store_tile(acc.data(), M, n0, std::min<int64_t>(16, g.N - n0), bias, y, ldy);
+  }
+}
+
+#ifdef ROSEINFER_AVX2
+// The integer part of STEPS steps of two k for MR rows x 16 columns (the int8 format's
+// loop, q8_gemm.cpp): per step the 16 columns' int8 pairs widened to int16, per row the
+// k-pair of int16 activations broadcast and multiplied in with vpmaddwd (exact).
+#define G_HEAD "1:\n\tvpmovsxbw (%[w]), %%ymm12\n\tvpmovsxbw 16(%[w]), %%ymm13\n\t"
+#define G_HEAD_PF \
+  "1:\n\tprefetcht0 2048(%[w])\n\tvpmovsxbw (%[w]), %%ymm12\n\tvpmovsxbw 16(%[w]), %%ymm13\n\t"
+#define G_ROW(m)                                  \
+  "vpbroadcastd (%[x" #m "],%[s]), %%ymm14\n\t"   \
+  "vpmaddwd %%ymm12, %%ymm14, %%ymm15\n\t"        \
+  "vpaddd %%ymm15, %[a" #m "0], %[a" #m "0]\n\t"  \
+  "vpmaddwd %%ymm13, %%ymm14, %%ymm14\n\t"        \
+  "vpaddd %%ymm14, %[a" #m "1], %[a" #m "1]\n\t"
+#define G_TAIL16 "add $32, %[w]\n\tadd $4, %[s]\n\tcmp $64, %[s]\n\tjne 1b\n\t"
+#define G_TAIL8 "add $32, %[w]\n\tadd $4, %[s]\n\tcmp $32, %[s]\n\tjne 1b\n\t"
+
+template <int MR, int STEPS, bool PF>
+inline void steps_int(const int16_t* const* xr, const int8_t* q, __m256i (&a)[MR][2]) {
+  int64_t s = 0;
+  const uint8_t* wp = reinterpret_cast<const uint8_t*>(q);
+  const __m256i mask = _mm256_setzero_si256();  // unused by these loops
+  for (int m = 0; m < MR; ++m) a[m][0] = a[m][1] = _mm256_setzero_si256();
+  if constexpr (STEPS == 16) {
+    if constexpr (PF) {
+      ROWTILE_ASM(G_HEAD_PF, G_HEAD, G_ROW, G_TAIL16)
+    } else {
+      ROWTILE_ASM(G_HEAD, G_HEAD, G_ROW, G_TAIL16)
+    }
+  } else {
+    ROWTILE_ASM(G_HEAD, G_HEAD, G_ROW, G_TAIL8)
+  }
+}
+#undef G_HEAD
+#undef G_HEAD_PF
+#undef G_ROW
+#undef G_TAIL16
+#undef G_TAIL8
+
+// acc[m] += dot * (dx * d) for 16 columns.
+template <int MR>
+inline void scale_add(float* acc, const __m256i (&a)[MR][2], const float* dx, int64_t KB,
+                      int64_t j, const float* d) {
+  const __m256 d0 = _mm256_loadu_ps(d), d1 = _mm256_loadu_ps(d + 8);
+  for (int m = 0; m < MR; ++m) {
+    const __m256 s = _mm256_set1_ps(dx[m * KB + j]);
+    float* ar = acc + m * 16;
+    _mm256_store_ps(ar, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[m][0]), _mm256_mul_ps(s, d0), _mm256_load_ps(ar)));
+    _mm256_store_ps(ar + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[m][1]), _mm256_mul_ps(s, d1), _mm256_load_ps(ar + 8)));
+  }
+}
+
+// Rows [0, MR) (xq rows of stride K) x decoded blocks [j0, j0 + nb) into acc [MR][16].
+template <class F, int MR>
+void tile_blocks(const int16_t* xq, const float* dx, const float* sx, int64_t K,
+                 const DBlock* blk, int64_t j0, int64_t nb, float* acc) {
+  const int64_t KB = K / 32;
+  constexpr bool kPf = F::BITS == 8;  // Q8_0 reads its packed weights directly
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t j = j0 + b;
+    const DBlock& o = blk[b];
+    const int16_t* xr[MR];
+    for (int m = 0; m < MR; ++m) xr[m] = xq + m * K + j * 32;
+    __m256i a[MR][2];
+    if constexpr (F::HALVES == 1) {
+      steps_int<MR, 16, kPf>(xr, o.qp, a);
+      scale_add<MR>(acc, a, dx, KB, j, o.d0);
+    } else {
+      steps_int<MR, 8, false>(xr, o.qp, a);
+      scale_add<MR>(acc, a, dx, KB, j, o.d0);
+      for (int m = 0; m < MR; ++m) xr[m] += 16;
+      steps_int<MR, 8, false>(xr, o.qp + 256, a);
+      scale_add<MR>(acc, a, dx, KB, j, o.d1);
+    }
+    if constexpr (F::kMin) {
+      const __m256 m0 = _mm256_loadu_ps(o.m), m1 = _mm256_loadu_ps(o.m + 8);
+      for (int m = 0; m < MR; ++m) {
+        const __m256 s = _mm256_set1_ps(sx[m * KB + j]);
+        float* ar = acc + m * 16;
+        _mm256_store_ps(ar, _mm256_fmadd_ps(s, m0, _mm256_load_ps(ar)));
+        _mm256_store_ps(ar + 8, _mm256_fmadd_ps(s, m1, _mm256_load_ps(ar + 8)));
+      }
+    }
+  }
+}
+
+template <class F>
+void tile_rows(int64_t mr, const int16_t* xq, const float* dx, const float* sx, int64_t K,
+               const DBlock* blk, int64_t j0, int64_t nb, float* acc) {
+  switch (mr) {
+    case 1: tile_blocks<F, 1>(xq, dx, sx, K, blk, j0, nb, acc); break;
+    case 2: tile_blocks<F, 2>(xq, dx, sx, K, blk, j0, nb, acc); break;
+    case 3: tile_blocks<F, 3>(xq, dx, sx, K, blk, j0, nb, acc); break;
+    case 4: tile_blocks<F, 4>(xq, dx, sx, K, blk, j0, nb, acc); break;
+    default: tile_blocks<F, 5>(xq, dx, sx, K, blk, j0, nb, acc); break;
+  }
+}
+
+// Panels [p0, p1): small steps decode a super-block at a time for their one row tile;
+// larger ones decode a whole panel, then sweep it with row tiles (rows in chunks whose
+// activations stay in L2).
+template <class F>
+void panels_avx2(const GgufPanels& g, const int16_t* xq, const float* dx, const float* sx,
+                 int64_t M, int64_t p0, int64_t p1, const float* bias, float* y, int64_t ldy) {
+  const int64_t K = g.K, KB = K / 32, NSB = K / F::E, BPS = F::E / 32;
+  const bool small = M <= kMaxSmallRows;
+  DBlock* blk = decode_buffer(small ? BPS : KB);
+  alignas(64) float acc[kMaxSmallRows * 16];
+  const int64_t mc = std::max<int64_t>(8, (int64_t(1) << 17) / K);
+  const uint8_t* base = g.packed.data_ptr<uint8_t>();
+  for (int64_t c0 = 0; c0 < M; c0 += mc) {
+    const int64_t c1 = std::min(M, c0 + mc);
+    for (int64_t p = p0; p < p1; ++p) {
+      const uint8_t* panel = base + p * NSB * F::kPanel;
+      const int64_t n0 = p * 16, nc = std::min<int64_t>(16, g.N - n0);
+      if (small) {
+        std::fill(acc, acc + M * 16, 0.f);
+        for (int64_t sb = 0; sb < NSB; ++sb) {
+          for (int jj = 0; jj < BPS; ++jj) decode_avx2<F>(panel + sb * F::kPanel, jj, blk[jj]);
+          tile_rows<F>(M, xq, dx, sx, K, blk, sb * BPS, BPS, acc);
+        }
+        store_tile(acc, M, n0, nc, bias, y, ldy);
+        continue;
+      }
+      for (int64_t j = 0; j < KB; ++j) decode_avx2<F>(panel + (j / BPS) * F::kPanel, j % BPS, blk[j]);
+      for_row_tiles(c0, c1, kMaxSmallRows, [&](int64_t m, int64_t mr) {
+        std::fill(acc, acc + mr * 16, 0.f);
+        tile_rows<F>(mr, xq + m * K, dx + m * KB, sx + m * KB, K, blk, 0, KB, acc);
+        store_tile(acc, mr, n0, nc, bias, y + m * ldy, ldy);
+      });
+    }
+  }
+}
+#endif  // ROSEINFER_AVX2
+
+template <class F>
+void run_format(const GgufPanels& g, const int16_t* xq, const float* dx, const float* sx,
+                int64_t M, const float* bias, float* y, int64_t ldy, bool portable) {
+  const int64_t NP = (g.N + 15) / 16;
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 17) / (M * g.K * 16));
+  at::parallel_for(0, NP, grain, [&](int64_t p0, int64_t p1) {
+#ifdef ROSEINFER_AVX2
+    if (!portable) return panels_avx2<F>(g, xq, dx, sx, M, p0, p1, bias, y, ldy);
+#endif
+    panels_scalar<F>(g, xq, dx, sx, M, p0, p1, bias, y, ldy);
+  });
+}
+
+}  // namespace
+
+GgufPanels::GgufPanels(int64_t type_, const std::vector<const uint8_t*>& rows, int64_t K_)
+    : type(type_), N(static_cast<int64_t>(rows.size())), K(K_) {
+  const bool ok = with_format(type, [&](auto f) {
+    using F = decltype(f);
+    TORCH_CHECK(K % F::E == 0, "GgufPanels: K = ", K, " is not a multiple of ", F::E);
+    const int64_t NSB = K / F::E, NP = (N + 15) / 16;
+    packed = at::zeros({NP * NSB * F::kPanel}, at::TensorOptions().dtype(at::kByte));
+    uint8_t* out = packed.data_ptr<uint8_t>();
+    at::parallel_for(0, NP, 1, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p)
+        for (int c = 0; c < 16 && p * 16 + c < N; ++c) {
+          const uint8_t* row = rows[p * 16 + c];
+          for (int64_t sb = 0; sb < NSB; ++sb) {
+            const uint8_t* s = row + sb * F::kStored;
+            uint8_t* psb = out + (p * NSB + sb) * F::kPanel;
+            for (int e = 0; e < F::E; ++e) F::Ints::put(psb, c, e, F::stored_q(s, e));
+            F::pack_scales(s, psb + F::kScaleOff, c);
+          }
+        }
+    });
+  });
+  TORCH_CHECK(ok, "GgufPanels: unsupported type ", type);
+}
+
+void GgufPanels::run(const int16_t* xq, const float* dx, const float* sx, int64_t M,
+                     const float* bias, float* y, int64_t ldy, bool portable) const {
+  if (M <= 0 || N == 0) return;
+  with_format(type, [&](auto f) {
+    run_format<decltype(f)>(*this, xq, dx, sx, M, bias, y, ldy, portable);
+  });
+}
+
+}  // namespace roseinfer
