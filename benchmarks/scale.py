@@ -4,7 +4,7 @@ Per model file, each measurement in a fresh process (``--worker``):
 
 * first start: ``LLMEngine`` built with an empty cache directory (weight / tokenizer
   caches written, if the path uses them), then a warm start with the same directory;
-* RSS after the warm start (psutil) and the peak of the process (``ru_maxrss``);
+* RSS after the warm start (psutil) and the peak of the process (VmHWM);
 * decode tok/s at batch 1 and 16 (32-token prompts, pure-decode steps timed), prefill
   tok/s of one 512-token prompt (``roseinfer.bench.throughput.run_engine_once``).
 
@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,15 @@ from typing import Any
 
 MEASURES = ("b1", "b16", "prefill")
 _GB = 1e9
+
+
+def _vm_hwm() -> int:
+    """Peak RSS of this program's address space (ru_maxrss would count the parent's RSS
+    at fork)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
 
 
 def worker(path: str, measures: list[str], threads: int, kv_gb: float) -> dict[str, Any]:
@@ -50,7 +58,7 @@ def worker(path: str, measures: list[str], threads: int, kv_gb: float) -> dict[s
                                     max_num_batched_tokens=512, max_num_seqs=16))
     out: dict[str, Any] = {"start_s": time.perf_counter() - start,
                            "rss_gb": psutil.Process().memory_info().rss / _GB,
-                           "peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / _GB,
+                           "peak_gb": _vm_hwm() / _GB,
                            "threads": torch.get_num_threads()}
     from roseinfer.bench.throughput import random_prompts, run_engine_once
 
