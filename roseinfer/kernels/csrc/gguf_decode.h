@@ -10,21 +10,23 @@
 namespace roseinfer {
 
 struct alignas(64) DBlock {
-  int8_t q[512];           // the integers (unused by Q8_0, whose qp points at its panel)
+  int8_t q[512];  // the integers (unused by Q8_0, whose qp points at its panel)
   float d0[16], d1[16], m[16];
-  const int8_t* qp = nullptr;
+  // The integers the GEMM reads: q or Q8_0's panel; decode_avx2 of a 4-bit format: the
+  // panel's nibbles (gguf_tiles.h widens them in registers).
+  const uint8_t* qp = nullptr;
 };
 
 template <class F>
 inline void decode_scalar(const uint8_t* psb, int jj, DBlock& o) {
   if constexpr (F::BITS == 8) {
-    o.qp = reinterpret_cast<const int8_t*>(psb + jj * 512);
+    o.qp = psb + jj * 512;
   } else {
     for (int c = 0; c < 16; ++c)
       for (int k = 0; k < 32; ++k)
         o.q[(k / 2) * 32 + 2 * c + k % 2] =
             static_cast<int8_t>(F::Ints::get(psb, c, jj * 32 + k) - F::OFFSET);
-    o.qp = o.q;
+    o.qp = reinterpret_cast<const uint8_t*>(o.q);
   }
   for (int c = 0; c < 16; ++c) {
     const BlockScales s = F::scales(psb + F::kScaleOff, jj, c);
@@ -61,7 +63,9 @@ inline void scale16(const float* d, __m128i v, float* out, bool negate = false) 
 template <class F>
 inline void decode_avx2(const uint8_t* psb, int jj, DBlock& o) {
   if constexpr (F::BITS == 8) {
-    o.qp = reinterpret_cast<const int8_t*>(psb + jj * 512);
+    o.qp = psb + jj * 512;
+  } else if constexpr (F::BITS == 4) {
+    o.qp = psb + jj * 256;
   } else {
     const __m256i low4 = _mm256_set1_epi8(15);
     const __m256i off = _mm256_set1_epi8(static_cast<char>(F::OFFSET));
@@ -84,7 +88,7 @@ inline void decode_avx2(const uint8_t* psb, int jj, DBlock& o) {
         _mm256_store_si256(reinterpret_cast<__m256i*>(o.q + 32 * s), w[h]);
       }
     }
-    o.qp = o.q;
+    o.qp = reinterpret_cast<const uint8_t*>(o.q);
   }
   const uint8_t* sp = psb + F::kScaleOff;
   if constexpr (F::kType == kQ4_K || F::kType == kQ5_K) {
