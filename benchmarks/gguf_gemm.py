@@ -3,6 +3,7 @@ same weights dequantized, then requantized to Q8_0 through make_int8_linear), pe
 format at 1B shapes and M = 1, 16, 64; interleaved runs, medians.
 
     python benchmarks/gguf_gemm.py [--threads 2] [--types Q4_K,Q6_K] [--reps 15]
+    python benchmarks/gguf_gemm.py --threads 1 --cpu-time   # steadier on a busy machine
 """
 
 from __future__ import annotations
@@ -35,10 +36,13 @@ def random_raw(qtype: int, n: int, k: int, rng: np.random.Generator) -> np.ndarr
     return raw.reshape(n, -1)
 
 
-def timed(fn, x: torch.Tensor) -> float:
-    t0 = time.perf_counter()
+def timed(fn, x: torch.Tensor, cpu: bool) -> float:
+    """Seconds of one call: wall clock, or with ``cpu`` this thread's CPU time (1 thread:
+    the kernel runs on the calling thread; immune to being descheduled on a busy machine)."""
+    clock = time.thread_time if cpu else time.perf_counter
+    t0 = clock()
     fn(x)
-    return time.perf_counter() - t0
+    return clock() - t0
 
 
 def main() -> None:
@@ -51,13 +55,17 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--types", default="Q4_K,Q6_K,Q4_0,Q8_0,Q5_K,Q5_0,Q5_1,Q4_1,F16,BF16")
     ap.add_argument("--reps", type=int, default=15)
-    ap.add_argument("--shapes", default="")
+    ap.add_argument("--shapes", default="", help="KxN,KxN (default: the 1B shapes)")
+    ap.add_argument("--cpu-time", action="store_true", help="thread CPU time (needs --threads 1)")
     args = ap.parse_args()
     assert cpu_kernels_available()
+    if args.cpu_time and args.threads != 1:
+        raise SystemExit("--cpu-time measures the calling thread: use --threads 1")
     torch.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
     shapes = SHAPES if not args.shapes else [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-    print(f"threads={args.threads} reps={args.reps}; GFLOP/s (old Q8_0 path -> new), speedup")
+    clock = "thread CPU time" if args.cpu_time else "wall clock"
+    print(f"threads={args.threads} reps={args.reps} {clock}; GFLOP/s (old Q8_0 path -> new), speedup")
     for name in args.types.split(","):
         qtype = gguf.GGMLQuantizationType[name]
         for k, n in shapes:
@@ -72,8 +80,8 @@ def main() -> None:
                 old.forward(x), new.forward(x)  # warm up
                 t_old, t_new = [], []
                 for _ in range(args.reps):
-                    t_old.append(timed(old.forward, x))
-                    t_new.append(timed(new.forward, x))
+                    t_old.append(timed(old.forward, x, args.cpu_time))
+                    t_new.append(timed(new.forward, x, args.cpu_time))
                 flop = 2.0 * m * n * k
                 g_old = flop / statistics.median(t_old) / 1e9
                 g_new = flop / statistics.median(t_new) / 1e9

@@ -5,26 +5,30 @@
 // (integer bit moves; D = d * sc and M = -(dmin * mn) as the same fp32 products).
 #pragma once
 
+#include <utility>
+
 #include "gguf_formats.h"
 
 namespace roseinfer {
 
 struct alignas(64) DBlock {
-  int8_t q[512];           // the integers (unused by Q8_0, whose qp points at its panel)
+  int8_t q[512];  // the integers (unused by Q8_0, whose qp points at its panel)
   float d0[16], d1[16], m[16];
-  const int8_t* qp = nullptr;
+  // The integers the GEMM reads: q or Q8_0's panel; decode_avx2 of a 4-bit format: the
+  // panel's nibbles (gguf_tiles.h widens them in registers).
+  const uint8_t* qp = nullptr;
 };
 
 template <class F>
 inline void decode_scalar(const uint8_t* psb, int jj, DBlock& o) {
   if constexpr (F::BITS == 8) {
-    o.qp = reinterpret_cast<const int8_t*>(psb + jj * 512);
+    o.qp = psb + jj * 512;
   } else {
     for (int c = 0; c < 16; ++c)
       for (int k = 0; k < 32; ++k)
         o.q[(k / 2) * 32 + 2 * c + k % 2] =
             static_cast<int8_t>(F::Ints::get(psb, c, jj * 32 + k) - F::OFFSET);
-    o.qp = o.q;
+    o.qp = reinterpret_cast<const uint8_t*>(o.q);
   }
   for (int c = 0; c < 16; ++c) {
     const BlockScales s = F::scales(psb + F::kScaleOff, jj, c);
@@ -35,9 +39,43 @@ inline void decode_scalar(const uint8_t* psb, int jj, DBlock& o) {
 }
 
 #ifdef ROSEINFER_AVX2
-// Shift a vector of 16-bit lanes left (n > 0) or right (n < 0) by |n| bits.
-inline __m256i shift16(__m256i v, int n) {
-  return n >= 0 ? _mm256_sll_epi16(v, _mm_cvtsi32_si128(n)) : _mm256_srl_epi16(v, _mm_cvtsi32_si128(-n));
+// Shift a vector of 16-bit lanes left (N > 0) or right (N < 0) by |N| bits.
+template <int N>
+inline __m256i shift16(__m256i v) {
+  if constexpr (N > 0) return _mm256_slli_epi16(v, N);
+  else if constexpr (N < 0) return _mm256_srli_epi16(v, -N);
+  else return v;
+}
+
+// Steps 2T, 2T+1 of a 5- or 6-bit block (the nibbles and high bits at nib / hi, a
+// panel's layout) minus OFF into out (the GEMM's int8 order).
+template <int BITS, int OFF, int T>
+inline void decode_pair(const uint8_t* nib, const uint8_t* hi, int8_t* out) {
+  const __m256i low4 = _mm256_set1_epi8(15);
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(nib + 32 * T));
+  __m256i w[2] = {_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_srli_epi16(v, 4), low4)};
+  constexpr int kGroup = BITS == 5 ? 8 : 4;  // steps per 32 bytes of high bits
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi + 32 * (2 * T / kGroup)));
+  constexpr int u0 = (2 * T) % kGroup;
+  if constexpr (BITS == 5) {
+    const __m256i bit4 = _mm256_set1_epi8(0x10);
+    w[0] = _mm256_or_si256(w[0], _mm256_and_si256(shift16<4 - u0>(h), bit4));
+    w[1] = _mm256_or_si256(w[1], _mm256_and_si256(shift16<3 - u0>(h), bit4));
+  } else {
+    const __m256i bits45 = _mm256_set1_epi8(0x30);
+    w[0] = _mm256_or_si256(w[0], _mm256_and_si256(shift16<4 - 2 * u0>(h), bits45));
+    w[1] = _mm256_or_si256(w[1], _mm256_and_si256(shift16<2 - 2 * u0>(h), bits45));
+  }
+  for (int i = 0; i < 2; ++i) {
+    if constexpr (OFF != 0) w[i] = _mm256_sub_epi8(w[i], _mm256_set1_epi8(static_cast<char>(OFF)));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out + 64 * T + 32 * i), w[i]);
+  }
+}
+
+template <int BITS, int OFF, int... T>
+inline void decode_pairs(const uint8_t* nib, const uint8_t* hi, int8_t* out,
+                         std::integer_sequence<int, T...>) {
+  (decode_pair<BITS, OFF, T>(nib, hi, out), ...);
 }
 
 // 16 fp16 values -> two vectors of 8 fp32.
@@ -61,30 +99,13 @@ inline void scale16(const float* d, __m128i v, float* out, bool negate = false) 
 template <class F>
 inline void decode_avx2(const uint8_t* psb, int jj, DBlock& o) {
   if constexpr (F::BITS == 8) {
-    o.qp = reinterpret_cast<const int8_t*>(psb + jj * 512);
+    o.qp = psb + jj * 512;
+  } else if constexpr (F::BITS == 4) {
+    o.qp = psb + jj * 256;
   } else {
-    const __m256i low4 = _mm256_set1_epi8(15);
-    const __m256i off = _mm256_set1_epi8(static_cast<char>(F::OFFSET));
-    const uint8_t* nib = psb + jj * 256;
-    for (int t = 0; t < 8; ++t) {
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(nib + 32 * t));
-      __m256i w[2] = {_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_srli_epi16(v, 4), low4)};
-      for (int h = 0; h < 2; ++h) {
-        const int s = 2 * t + h;  // step
-        if constexpr (F::BITS == 5) {
-          const uint8_t* hi = psb + F::Ints::kNib + jj * 64 + (s / 8) * 32;
-          const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi));
-          w[h] = _mm256_or_si256(w[h], _mm256_and_si256(shift16(b, 4 - s % 8), _mm256_set1_epi8(0x10)));
-        } else if constexpr (F::BITS == 6) {
-          const uint8_t* hi = psb + F::Ints::kNib + jj * 128 + (s / 4) * 32;
-          const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi));
-          w[h] = _mm256_or_si256(w[h], _mm256_and_si256(shift16(b, 4 - 2 * (s % 4)), _mm256_set1_epi8(0x30)));
-        }
-        if constexpr (F::OFFSET != 0) w[h] = _mm256_sub_epi8(w[h], off);
-        _mm256_store_si256(reinterpret_cast<__m256i*>(o.q + 32 * s), w[h]);
-      }
-    }
-    o.qp = o.q;
+    const uint8_t* hi = psb + F::Ints::kNib + jj * F::Ints::kHiPer;
+    decode_pairs<F::BITS, F::OFFSET>(psb + jj * 256, hi, o.q, std::make_integer_sequence<int, 8>{});
+    o.qp = reinterpret_cast<const uint8_t*>(o.q);
   }
   const uint8_t* sp = psb + F::kScaleOff;
   if constexpr (F::kType == kQ4_K || F::kType == kQ5_K) {

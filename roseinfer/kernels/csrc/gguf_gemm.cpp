@@ -6,13 +6,14 @@
 #include <memory>
 
 #include "gguf_decode.h"
+#include "gguf_tiles.h"
 #include "q8_tiles.h"
 
 namespace roseinfer {
 
 namespace {
 
-constexpr int kMaxSmallRows = 5;  // steps of up to this many rows decode per super-block
+constexpr int kMaxSmallRows = 5;  // rows per register tile
 
 // This thread's decoded-block buffer of at least n blocks (reused: no allocation, no
 // page faults per call).
@@ -43,7 +44,7 @@ void panels_scalar(const GgufPanels& g, const int16_t* xq, const float* dx, cons
           for (int c = 0; c < 16; ++c) {
             int32_t dot[2] = {0, 0};
             for (int k = 0; k < 32; ++k)
-              dot[F::HALVES == 2 ? k / 16 : 0] += int32_t(xr[k]) * o.qp[(k / 2) * 32 + 2 * c + k % 2];
+              dot[F::HALVES == 2 ? k / 16 : 0] += int32_t(xr[k]) * static_cast<int8_t>(o.qp[(k / 2) * 32 + 2 * c + k % 2]);
             float& a = acc[m * 16 + c];
             a = std::fma(static_cast<float>(dot[0]), dx[m * KB + j] * o.d0[c], a);
             if (F::HALVES == 2) a = std::fma(static_cast<float>(dot[1]), dx[m * KB + j] * o.d1[c], a);
@@ -57,43 +58,6 @@ void panels_scalar(const GgufPanels& g, const int16_t* xq, const float* dx, cons
 }
 
 #ifdef ROSEINFER_AVX2
-// The integer part of STEPS steps of two k for MR rows x 16 columns (the int8 format's
-// loop, q8_gemm.cpp): per step the 16 columns' int8 pairs widened to int16, per row the
-// k-pair of int16 activations broadcast and multiplied in with vpmaddwd (exact).
-#define G_HEAD "1:\n\tvpmovsxbw (%[w]), %%ymm12\n\tvpmovsxbw 16(%[w]), %%ymm13\n\t"
-#define G_HEAD_PF \
-  "1:\n\tprefetcht0 2048(%[w])\n\tvpmovsxbw (%[w]), %%ymm12\n\tvpmovsxbw 16(%[w]), %%ymm13\n\t"
-#define G_ROW(m)                                  \
-  "vpbroadcastd (%[x" #m "],%[s]), %%ymm14\n\t"   \
-  "vpmaddwd %%ymm12, %%ymm14, %%ymm15\n\t"        \
-  "vpaddd %%ymm15, %[a" #m "0], %[a" #m "0]\n\t"  \
-  "vpmaddwd %%ymm13, %%ymm14, %%ymm14\n\t"        \
-  "vpaddd %%ymm14, %[a" #m "1], %[a" #m "1]\n\t"
-#define G_TAIL16 "add $32, %[w]\n\tadd $4, %[s]\n\tcmp $64, %[s]\n\tjne 1b\n\t"
-#define G_TAIL8 "add $32, %[w]\n\tadd $4, %[s]\n\tcmp $32, %[s]\n\tjne 1b\n\t"
-
-template <int MR, int STEPS, bool PF>
-inline void steps_int(const int16_t* const* xr, const int8_t* q, __m256i (&a)[MR][2]) {
-  int64_t s = 0;
-  const uint8_t* wp = reinterpret_cast<const uint8_t*>(q);
-  const __m256i mask = _mm256_setzero_si256();  // unused by these loops
-  for (int m = 0; m < MR; ++m) a[m][0] = a[m][1] = _mm256_setzero_si256();
-  if constexpr (STEPS == 16) {
-    if constexpr (PF) {
-      ROWTILE_ASM(G_HEAD_PF, G_HEAD, G_ROW, G_TAIL16)
-    } else {
-      ROWTILE_ASM(G_HEAD, G_HEAD, G_ROW, G_TAIL16)
-    }
-  } else {
-    ROWTILE_ASM(G_HEAD, G_HEAD, G_ROW, G_TAIL8)
-  }
-}
-#undef G_HEAD
-#undef G_HEAD_PF
-#undef G_ROW
-#undef G_TAIL16
-#undef G_TAIL8
-
 // acc[m] += dot * (dx * d) for 16 columns.
 template <int MR>
 inline void scale_add(float* acc, const __m256i (&a)[MR][2], const float* dx, int64_t KB,
@@ -112,7 +76,11 @@ template <class F, int MR>
 void tile_blocks(const int16_t* xq, const float* dx, const float* sx, int64_t K,
                  const DBlock* blk, int64_t j0, int64_t nb, float* acc) {
   const int64_t KB = K / 32;
-  constexpr bool kPf = F::BITS == 8;  // Q8_0 reads its packed weights directly
+  // Q8_0 and the 4-bit formats read their packed weights, the others decoded blocks.
+  constexpr Head kHead = F::BITS == 8   ? Head::I8_PF
+                         : F::BITS == 4 ? (F::OFFSET == 8 ? Head::NIB_OFF8 : Head::NIB)
+                                        : Head::I8;
+  constexpr int64_t kHalfBytes = F::BITS == 4 ? 128 : 256;  // 8 steps
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t j = j0 + b;
     const DBlock& o = blk[b];
@@ -120,13 +88,13 @@ void tile_blocks(const int16_t* xq, const float* dx, const float* sx, int64_t K,
     for (int m = 0; m < MR; ++m) xr[m] = xq + m * K + j * 32;
     __m256i a[MR][2];
     if constexpr (F::HALVES == 1) {
-      steps_int<MR, 16, kPf>(xr, o.qp, a);
+      steps_int<MR, 16, kHead>(xr, o.qp, a);
       scale_add<MR>(acc, a, dx, KB, j, o.d0);
     } else {
-      steps_int<MR, 8, false>(xr, o.qp, a);
+      steps_int<MR, 8, kHead>(xr, o.qp, a);
       scale_add<MR>(acc, a, dx, KB, j, o.d0);
       for (int m = 0; m < MR; ++m) xr[m] += 16;
-      steps_int<MR, 8, false>(xr, o.qp + 256, a);
+      steps_int<MR, 8, kHead>(xr, o.qp + kHalfBytes, a);
       scale_add<MR>(acc, a, dx, KB, j, o.d1);
     }
     if constexpr (F::kMin) {
@@ -153,38 +121,38 @@ void tile_rows(int64_t mr, const int16_t* xq, const float* dx, const float* sx, 
   }
 }
 
-// Panels [p0, p1): small steps decode a super-block at a time for their one row tile;
-// larger ones decode a whole panel, then sweep it with row tiles (rows in chunks whose
-// activations stay in L2).
+// Panels [p0, p1), rows in chunks whose activations stay in L2: per panel, groups of
+// 8 32-blocks are decoded into an L1 buffer, then every row tile of the chunk adds
+// their share into its accumulators (acc [chunk rows][16]).
 template <class F>
 void panels_avx2(const GgufPanels& g, const int16_t* xq, const float* dx, const float* sx,
                  int64_t M, int64_t p0, int64_t p1, const float* bias, float* y, int64_t ldy) {
-  const int64_t K = g.K, KB = K / 32, NSB = K / F::E, BPS = F::E / 32;
-  const bool small = M <= kMaxSmallRows;
-  DBlock* blk = decode_buffer(small ? BPS : KB);
-  alignas(64) float acc[kMaxSmallRows * 16];
+  const int64_t K = g.K, KB = K / 32, BPS = F::E / 32;
+  constexpr int64_t kGroup = 8;  // 32-blocks per decoded group (K % 256 == 0 for K-quants)
+  DBlock* blk = decode_buffer(kGroup);
   const int64_t mc = std::max<int64_t>(8, (int64_t(1) << 17) / K);
+  thread_local std::vector<float> acc_buf;
+  if (static_cast<int64_t>(acc_buf.size()) < mc * 16 + 16) acc_buf.resize(mc * 16 + 16);
+  float* acc = acc_buf.data() + (16 - reinterpret_cast<uintptr_t>(acc_buf.data()) % 64 / 4) % 16;
   const uint8_t* base = g.packed.data_ptr<uint8_t>();
+  const int64_t panel_bytes = K / F::E * F::kPanel;
   for (int64_t c0 = 0; c0 < M; c0 += mc) {
     const int64_t c1 = std::min(M, c0 + mc);
     for (int64_t p = p0; p < p1; ++p) {
-      const uint8_t* panel = base + p * NSB * F::kPanel;
+      const uint8_t* panel = base + p * panel_bytes;
       const int64_t n0 = p * 16, nc = std::min<int64_t>(16, g.N - n0);
-      if (small) {
-        std::fill(acc, acc + M * 16, 0.f);
-        for (int64_t sb = 0; sb < NSB; ++sb) {
-          for (int jj = 0; jj < BPS; ++jj) decode_avx2<F>(panel + sb * F::kPanel, jj, blk[jj]);
-          tile_rows<F>(M, xq, dx, sx, K, blk, sb * BPS, BPS, acc);
+      std::fill(acc, acc + (c1 - c0) * 16, 0.f);
+      for (int64_t j0 = 0; j0 < KB; j0 += kGroup) {
+        const int64_t nb = std::min(kGroup, KB - j0);
+        for (int64_t b = 0; b < nb; ++b) {
+          const int64_t j = j0 + b;
+          decode_avx2<F>(panel + (j / BPS) * F::kPanel, static_cast<int>(j % BPS), blk[b]);
         }
-        store_tile(acc, M, n0, nc, bias, y, ldy);
-        continue;
+        for_row_tiles(c0, c1, kMaxSmallRows, [&](int64_t m, int64_t mr) {
+          tile_rows<F>(mr, xq + m * K, dx + m * KB, sx + m * KB, K, blk, j0, nb, acc + (m - c0) * 16);
+        });
       }
-      for (int64_t j = 0; j < KB; ++j) decode_avx2<F>(panel + (j / BPS) * F::kPanel, j % BPS, blk[j]);
-      for_row_tiles(c0, c1, kMaxSmallRows, [&](int64_t m, int64_t mr) {
-        std::fill(acc, acc + mr * 16, 0.f);
-        tile_rows<F>(mr, xq + m * K, dx + m * KB, sx + m * KB, K, blk, 0, KB, acc);
-        store_tile(acc, mr, n0, nc, bias, y + m * ldy, ldy);
-      });
+      store_tile(acc, c1 - c0, n0, nc, bias, y + c0 * ldy, ldy);
     }
   }
 }

@@ -17,10 +17,9 @@
 // GEMM (panel_gemm.h).
 // Execution: output panels of 16 columns split over the threads; each 32-block of a
 // panel is decoded (a per-format decoder: nibbles, 5th / 6th bits, minus the offset)
-// into int8 values in the order the int16 GEMM reads them plus fp32 D / M, then one
-// inline-asm tile loop (q8_tiles.h) multiplies up to 5 rows at a time.  Steps of up to
-// 5 rows decode one super-block at a time (it stays in L1), larger ones a whole panel
-// once for all their row tiles; the integers are the same.
+// into int8 values in the order the int16 GEMM reads them plus fp32 D / M, 8 blocks at
+// a time into an L1 buffer, then one inline-asm tile loop (q8_tiles.h) multiplies them
+// in for up to 5 rows at a time, for every row tile of the step.
 #pragma once
 
 #include <memory>
