@@ -74,7 +74,15 @@ def stream_gguf(source: Path, dtype: torch.dtype, device: torch.device,
                 quantization: str) -> tuple[nn.Module, ModelConfig, Path] | None:
     """(model, config, source) loaded by ``load_gguf_streamed`` when it serves this load:
     a Llama-family GGUF file, on CPU, float32 activations, the ``int8`` format and the
-    GGUF kernels loaded; else None (the caller loads it the dequantizing way)."""
+    GGUF kernels loaded; else None (the caller loads it the dequantizing way).  A
+    directory holding one .gguf and no other checkpoint file stands for that file."""
+    if source.is_dir():
+        ggufs = sorted(source.glob("*.gguf"))
+        others = [p for p in source.iterdir()
+                  if p.suffix.lower() in (".safetensors", ".bin", ".pt", ".pth")]
+        if len(ggufs) != 1 or others:
+            return None
+        source = ggufs[0]
     if (source.suffix.lower() != ".gguf" or not source.is_file() or device.type != "cpu"
             or dtype != torch.float32 or quantization != "int8" or not gguf_kernels_loaded()):
         return None

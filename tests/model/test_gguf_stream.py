@@ -202,3 +202,12 @@ def test_memory_of_a_load(tmp_path: Path) -> None:
     assert mem["after"] <= 1.15 * size + 0.35e9 + 0.05e9, mem
     assert mem["after"] - mem["before"] <= 1.3 * size, mem
     assert mem["peak"] <= mem["after"] + largest_fp32, mem
+
+
+def test_directory_with_one_gguf_is_streamed(gguf_dir: Path, tmp_path: Path) -> None:
+    import shutil
+
+    shutil.copy(tiny(gguf_dir, LLAMA, "Q8_0"), tmp_path / "model.gguf")
+    model, _, source = load_model(tmp_path, torch.float32, CPU, "int8", weight_cache=False)
+    assert source == tmp_path / "model.gguf"
+    assert isinstance(model.model.embed_tokens, GGUFEmbedding)
