@@ -33,6 +33,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 
 import torch
 from gguf import GGMLQuantizationType
@@ -57,8 +58,9 @@ from roseinfer.model.registry import create_meta_model, get_model_class, materia
 logger = logging.getLogger("roseinfer.model")
 
 EXTRA_COPY_SHARE = 0.1  # Q4_1 int8 copies (1 byte per weight) kept up to this x file size
-_FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-          "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+_FUSED = MappingProxyType({  # HF projection -> (our fused layer, its part's order)
+    "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)})
 _F32 = GGMLQuantizationType.F32
 
 
