@@ -155,7 +155,8 @@ void panels_avx2(const GgufPanels& g, const int16_t* xq, const float* dx, const 
       for (int64_t j0 = 0; j0 < KB; j0 += kGroup) {
         const int64_t nb = std::min(kGroup, KB - j0);
         for (int64_t b = 0; b < nb; ++b) {
-          const int64_t j = j0 + b;
+          const int64_t j = j0 + b, jn = j + kGroup;  // the next group's scales: prefetch
+          if (jn < KB) _mm_prefetch(reinterpret_cast<const char*>(panel + (jn / BPS) * F::kPanel + F::kScaleOff), _MM_HINT_T0);
           decode_avx2<F>(panel + (j / BPS) * F::kPanel, static_cast<int>(j % BPS), blk[b]);
         }
         for_row_tiles(c0, c1, kMaxSmallRows, [&](int64_t m, int64_t mr) {
