@@ -248,3 +248,45 @@ def test_bad_parts_are_value_errors() -> None:
         make_gguf_linear([(int(T.Q4_K), q4k)], torch.zeros(3))
     with pytest.raises(ValueError, match="out of range"):
         gguf_rows(q4k, int(T.Q4_K), torch.tensor([16]))
+
+
+def test_gguf_layers_run_in_the_llama_stack() -> None:
+    """A model whose projections are GGUF kernels (fused Q4_K/Q6_K q/k/v, Q8_0 o, Q4_K
+    gate/up, Q6_K down) runs them in the C++ LlamaStack, which needs no format knowledge:
+    the same hidden states as its layer-by-layer path over the same kernels."""
+    import transformers
+
+    from roseinfer.kernels.gguf import make_gguf_linear
+    from roseinfer.model.attention_metadata import SeqSpec, build_attention_metadata
+    from roseinfer.model.config import ModelConfig
+    from roseinfer.model.quantize import Fp16Linear, linear_paths, set_module
+    from roseinfer.model.registry import create_model
+
+    hf = transformers.LlamaConfig(vocab_size=97, hidden_size=256, intermediate_size=256,
+                                  num_hidden_layers=2, num_attention_heads=4,
+                                  num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = create_model(ModelConfig.from_hf_dict(hf.to_dict()), torch.float32, torch.device("cpu"))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.2) if p.dim() > 1 else p.fill_(1.0)
+    layout = {"qkv_proj": [(T.Q4_K, 256), (T.Q4_K, 128), (T.Q6_K, 128)], "o_proj": [(T.Q8_0, 256)],
+              "gate_up_proj": [(T.Q4_K, 256), (T.Q4_K, 256)], "down_proj": [(T.Q6_K, 256)]}
+    for i, path in enumerate(p for p in linear_paths(model) if p != "lm_head"):
+        parts = [(int(t), torch.from_numpy(random_raw(t, n, 256, seed=50 + 7 * i + j)))
+                 for j, (t, n) in enumerate(layout[path.rsplit(".", 1)[-1]])]
+        kernel = make_gguf_linear(parts, None)
+        set_module(model, path, Fp16Linear.from_kernel(kernel, kernel.out_features(), 256, None))
+    model._stack, model._stack_state = None, "unbuilt"
+    cfg, bs = model.config, 4
+    caches = [torch.zeros(2, 64 * bs, cfg.num_kv_heads, cfg.head_dim) for _ in range(cfg.num_layers)]
+    specs = [SeqSpec(0, 1, [7]), SeqSpec(0, 3, [3, 9])]
+    meta = build_attention_metadata(specs, bs, torch.device("cpu"))
+    ids = torch.tensor([4, 50, 96, 11])
+    with torch.inference_mode():
+        fast = model(ids, meta.positions, [c.clone() for c in caches], meta)
+        assert model._stack is not None
+        model._stack, model._stack_state = None, "disabled"
+        slow = model(ids, meta.positions, caches, meta)
+    torch.testing.assert_close(fast, slow, rtol=1e-4, atol=1e-4)
+

@@ -71,11 +71,29 @@ inline void scale_add(float* acc, const __m256i (&a)[MR][2], const float* dx, in
   }
 }
 
+// acc[m] += dot * (dx * d), then += sx * mn (one pass over the accumulators).
+template <int MR>
+inline void scale_min_add(float* acc, const __m256i (&a)[MR][2], const float* dx,
+                          const float* sx, int64_t KB, int64_t j, const float* d,
+                          const float* mn) {
+  const __m256 d0 = _mm256_loadu_ps(d), d1 = _mm256_loadu_ps(d + 8);
+  const __m256 m0 = _mm256_loadu_ps(mn), m1 = _mm256_loadu_ps(mn + 8);
+  for (int m = 0; m < MR; ++m) {
+    const __m256 s = _mm256_set1_ps(dx[m * KB + j]), t = _mm256_set1_ps(sx[m * KB + j]);
+    float* ar = acc + m * 16;
+    const __m256 r0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[m][0]), _mm256_mul_ps(s, d0), _mm256_load_ps(ar));
+    const __m256 r1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[m][1]), _mm256_mul_ps(s, d1), _mm256_load_ps(ar + 8));
+    _mm256_store_ps(ar, _mm256_fmadd_ps(t, m0, r0));
+    _mm256_store_ps(ar + 8, _mm256_fmadd_ps(t, m1, r1));
+  }
+}
+
 // Rows [0, MR) (xq rows of stride K) x decoded blocks [j0, j0 + nb) into acc [MR][16].
 template <class F, int MR>
 void tile_blocks(const int16_t* xq, const float* dx, const float* sx, int64_t K,
                  const DBlock* blk, int64_t j0, int64_t nb, float* acc) {
   const int64_t KB = K / 32;
+  static_assert(F::HALVES == 1 || !F::kMin, "a minimum term per 32-block only");
   // Q8_0 and the 4-bit formats read their packed weights, the others decoded blocks.
   constexpr Head kHead = F::BITS == 8   ? Head::I8_PF
                          : F::BITS == 4 ? (F::OFFSET == 8 ? Head::NIB_OFF8 : Head::NIB)
@@ -89,22 +107,14 @@ void tile_blocks(const int16_t* xq, const float* dx, const float* sx, int64_t K,
     __m256i a[MR][2];
     if constexpr (F::HALVES == 1) {
       steps_int<MR, 16, kHead>(xr, o.qp, a);
-      scale_add<MR>(acc, a, dx, KB, j, o.d0);
+      if constexpr (F::kMin) scale_min_add<MR>(acc, a, dx, sx, KB, j, o.d0, o.m);
+      else scale_add<MR>(acc, a, dx, KB, j, o.d0);
     } else {
       steps_int<MR, 8, kHead>(xr, o.qp, a);
       scale_add<MR>(acc, a, dx, KB, j, o.d0);
       for (int m = 0; m < MR; ++m) xr[m] += 16;
       steps_int<MR, 8, kHead>(xr, o.qp + kHalfBytes, a);
       scale_add<MR>(acc, a, dx, KB, j, o.d1);
-    }
-    if constexpr (F::kMin) {
-      const __m256 m0 = _mm256_loadu_ps(o.m), m1 = _mm256_loadu_ps(o.m + 8);
-      for (int m = 0; m < MR; ++m) {
-        const __m256 s = _mm256_set1_ps(sx[m * KB + j]);
-        float* ar = acc + m * 16;
-        _mm256_store_ps(ar, _mm256_fmadd_ps(s, m0, _mm256_load_ps(ar)));
-        _mm256_store_ps(ar + 8, _mm256_fmadd_ps(s, m1, _mm256_load_ps(ar + 8)));
-      }
     }
   }
 }
@@ -145,7 +155,8 @@ void panels_avx2(const GgufPanels& g, const int16_t* xq, const float* dx, const 
       for (int64_t j0 = 0; j0 < KB; j0 += kGroup) {
         const int64_t nb = std::min(kGroup, KB - j0);
         for (int64_t b = 0; b < nb; ++b) {
-          const int64_t j = j0 + b;
+          const int64_t j = j0 + b, jn = j + kGroup;  // the next group's scales: prefetch
+          if (jn < KB) _mm_prefetch(reinterpret_cast<const char*>(panel + (jn / BPS) * F::kPanel + F::kScaleOff), _MM_HINT_T0);
           decode_avx2<F>(panel + (j / BPS) * F::kPanel, static_cast<int>(j % BPS), blk[b]);
         }
         for_row_tiles(c0, c1, kMaxSmallRows, [&](int64_t m, int64_t mr) {

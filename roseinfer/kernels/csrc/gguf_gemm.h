@@ -15,11 +15,13 @@
 // (docs/CONTRACTS.md, batch invariance).  Q4_1 keeps the int8 format's kernel
 // (q8_gemm.h, nibbles; int8 activations for act8 layers), F16 / BF16 the fp32-math panel
 // GEMM (panel_gemm.h).
-// Execution: output panels of 16 columns split over the threads; each 32-block of a
-// panel is decoded (a per-format decoder: nibbles, 5th / 6th bits, minus the offset)
-// into int8 values in the order the int16 GEMM reads them plus fp32 D / M, 8 blocks at
-// a time into an L1 buffer, then one inline-asm tile loop (q8_tiles.h) multiplies them
-// in for up to 5 rows at a time, for every row tile of the step.
+// Execution: output panels of 16 columns split over the threads, rows in chunks whose
+// activations stay in L2; per panel, groups of 8 32-blocks are decoded (gguf_decode.h:
+// the scales D / M as fp32; 5- and 6-bit values into int8 in the GEMM's order, in L1;
+// Q8_0's and the 4-bit formats' values are read from the panel itself), then every row
+// tile of up to 5 rows runs one inline-asm loop over them (gguf_tiles.h: two steps per
+// iteration, 4-bit values widened and split in registers).  Every step takes this one
+// path, so a row's integers and fp32 operations never depend on M.
 #pragma once
 
 #include <memory>
