@@ -25,7 +25,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    choices=["auto", "float32", "bfloat16", "float16"],
                    help="KV cache element type; auto = float16 with fp16 weights, else --dtype")
     g.add_argument("--block-size", type=int, default=16)
-    g.add_argument("--kv-cache-memory-gb", type=float, default=1.0)
+    g.add_argument("--kv-cache-memory-gb", type=float, default=None,
+                   help="KV pool budget in GiB (default: --kv-cache-memory-fraction of the "
+                        "memory available after the weights, capped by what --max-num-seqs "
+                        "sequences of --max-model-len tokens use)")
+    g.add_argument("--kv-cache-memory-fraction", type=float, default=0.5,
+                   help="share of the available memory the default KV pool may take")
     g.add_argument("--num-kv-blocks", type=int, default=None)
     g.add_argument("--max-num-seqs", type=int, default=64)
     g.add_argument("--max-num-batched-tokens", type=int, default=256)
@@ -60,6 +65,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         model=args.model, dtype=args.dtype, device=args.device, quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype, block_size=args.block_size,
         kv_cache_memory_gb=args.kv_cache_memory_gb,
+        kv_cache_memory_fraction=getattr(args, "kv_cache_memory_fraction", 0.5),
         num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         enable_prefix_caching=args.enable_prefix_caching, num_threads=args.num_threads,

@@ -33,7 +33,11 @@ class EngineConfig:
     # one of float32 / bfloat16 / float16 explicitly.
     kv_cache_dtype: str = "auto"
     block_size: int = 16  # tokens per KV block
-    kv_cache_memory_gb: float = 1.0  # KV pool budget (ignored when num_kv_blocks is set)
+    # KV pool budget in GiB (ignored when num_kv_blocks is set).  None (the default):
+    # kv_cache_memory_fraction of the memory available after the weights, capped by what
+    # max_num_seqs x max_model_len tokens can use (roseinfer/runner/kv_pool.py; logged).
+    kv_cache_memory_gb: float | None = None
+    kv_cache_memory_fraction: float = 0.5
     num_kv_blocks: int | None = None  # explicit KV pool size in blocks
     max_num_seqs: int = 64  # most requests in one step
     # Token budget of one step (= prefill chunk size).  256 keeps a step with a prefill
@@ -88,10 +92,14 @@ class EngineConfig:
             not isinstance(self.num_kv_blocks, int) or self.num_kv_blocks < 1
         ):
             raise ValueError(f"EngineConfig.num_kv_blocks must be >= 1, got {self.num_kv_blocks!r}")
-        if self.kv_cache_memory_gb <= 0:
+        if self.kv_cache_memory_gb is not None and not self.kv_cache_memory_gb > 0:
             raise ValueError(
-                f"EngineConfig.kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb!r}"
+                f"EngineConfig.kv_cache_memory_gb must be None or > 0, got "
+                f"{self.kv_cache_memory_gb!r}"
             )
+        if not 0 < self.kv_cache_memory_fraction <= 1:
+            raise ValueError("EngineConfig.kv_cache_memory_fraction must be in (0, 1], got "
+                             f"{self.kv_cache_memory_fraction!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"EngineConfig.max_model_len must be >= 2, got {self.max_model_len!r}")
         if self.num_threads is not None and self.num_threads < 1:

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from roseinfer.distributed.comm import Communicator
 from roseinfer.model.attention_metadata import SeqSpec, build_attention_metadata
 from roseinfer.model.config import ModelConfig
+from roseinfer.runner.kv_pool import allocate_kv_caches
 
 STEP, STOP = 0, 1
 _HEADER = 5
@@ -75,13 +76,8 @@ class ShardExecutor:
         self.vocab_sizes = vocab_sizes
         self.block_size, self.device = block_size, device
         self.num_blocks = num_blocks
-        slots = num_blocks * block_size
         # One tensor per layer: [2 (K, V), slots, this rank's KV heads, head_dim].
-        self.kv_caches = [
-            torch.zeros(2, slots, config.num_kv_heads, config.head_dim, dtype=kv_dtype,
-                        device=device)
-            for _ in range(config.num_layers)
-        ]
+        self.kv_caches = allocate_kv_caches(config, num_blocks, block_size, kv_dtype, device)
 
     def lead(self, message: StepMessage) -> Tensor:
         """Rank 0: broadcast the step, run it; logits [R, V] float32 of ``message.rows``."""

@@ -11,7 +11,9 @@ says whether it works; every caller falls back to plain PyTorch when it does not
 * ``torch.ops.roseinfer.paged_attention``: attention of every row (decode or prefill)
   straight from the paged KV cache, one arithmetic per row (batch invariance);
 * ``torch.classes.roseinfer.LlamaStack``: all decoder layers of a step in one call
-  (norms, rotary, KV writes, attention, MLP), so no Python runs per layer.
+  (norms, rotary, KV writes, attention, MLP), so no Python runs per layer;
+* ``roseinfer.kernels.gguf``: a GGUF file's stored tensors used as they are
+  (``make_gguf_linear``, ``gguf_rows``; csrc/gguf_gemm.h).
 """
 
 from __future__ import annotations

@@ -11,8 +11,10 @@ the slow part); an fp32 copy of a safetensors checkpoint would only cost disk.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -25,10 +27,10 @@ from roseinfer.model.cache_key import (
     source_fingerprint,
 )
 from roseinfer.model.config import ModelConfig
-from roseinfer.model.loader import Checkpoint, load_checkpoint
+from roseinfer.model.loader import Checkpoint, load_checkpoint, resolve_model_path
 from roseinfer.model.progress import note, progress, step
 from roseinfer.model.quantize import quantize_model
-from roseinfer.model.registry import create_model
+from roseinfer.model.registry import create_meta_model, create_model, materialize, reset_buffers
 from roseinfer.model.weight_cache import WeightCache
 from roseinfer.model.weight_state import model_from_state, model_state
 
@@ -46,6 +48,12 @@ def load_model(
     source).  ``quantization`` (``"none"``, ``"int8"``...): convert to that format, using
     the weight cache unless ``weight_cache`` is False (None: ``cache_key.cache_enabled``);
     None: return the model as loaded (no cache), for the caller's ``quantize_model``."""
+    if quantization is not None:
+        from roseinfer.model.gguf_stream import stream_gguf
+
+        streamed = stream_gguf(resolve_model_path(model), dtype, device, quantization)
+        if streamed is not None:  # GGUF weights as stored, from the mmapped file: no cache
+            return streamed
     ckpt = load_checkpoint(model)
     if quantization is None:
         return _load(ckpt, dtype, device), ckpt.config, ckpt.source
@@ -57,7 +65,8 @@ def load_model(
         note(f"first start of {ckpt.source.name} as {quantization}: converting its weights "
              f"(kept in {cache.directory} for the next starts)")
     records: dict[str, dict[str, Tensor]] = {}
-    net = _load(ckpt, dtype, device)
+    ckpt, linear_dtype = _linear_storage(ckpt, dtype, device, quantization)
+    net = _load(ckpt, dtype, device, linear_dtype)
     if quantization != "none":
         quantize_model(net, quantization, records if cache is not None else None,
                        track=lambda paths: progress(paths, f"converting to {quantization}",
@@ -68,10 +77,42 @@ def load_model(
     return net, ckpt.config, ckpt.source
 
 
-def _load(ckpt: Checkpoint, dtype: torch.dtype, device: torch.device) -> nn.Module:
-    net = create_model(ckpt.config, dtype, device)
+def _load(ckpt: Checkpoint, dtype: torch.dtype, device: torch.device,
+          linear_dtype: torch.dtype | None = None) -> nn.Module:
+    """The model as loaded; ``linear_dtype``: its linear weights stored in that dtype
+    (a 16-bit checkpoint's, until ``quantize_model`` converts them layer by layer)."""
+    if linear_dtype is None:
+        net = create_model(ckpt.config, dtype, device)
+    else:
+        net = create_meta_model(ckpt.config, dtype)
+        for module in net.modules():
+            if isinstance(module, nn.Linear):
+                module.weight = nn.Parameter(module.weight.to(linear_dtype), requires_grad=False)
+        materialize(net, device)
+        reset_buffers(net)
+        net.requires_grad_(False)
     net.load_weights(progress(ckpt.weights, f"loading {ckpt.source.name}", ckpt.num_tensors))
     return net.eval()
+
+
+def _linear_storage(ckpt: Checkpoint, dtype: torch.dtype, device: torch.device,
+                    quantization: str) -> tuple[Checkpoint, torch.dtype | None]:
+    """A bf16 / fp16 checkpoint converted to int8 on CPU keeps its linear weights in their
+    dtype until each layer is converted (no fp32 copy of the model): (the checkpoint, with
+    its first tensor peeked, and that dtype), else (it, None)."""
+    if (quantization != "int8" or dtype != torch.float32 or device.type != "cpu"
+            or ckpt.source.suffix.lower() == ".gguf"):  # GGUF: dequantized values are fp32
+        return ckpt, None
+    weights = iter(ckpt.weights)
+    first = next(weights, None)
+    if first is None:
+        return ckpt, None
+    ckpt = replace(ckpt, weights=itertools.chain([first], weights))
+    if first[1].dtype not in (torch.bfloat16, torch.float16):
+        return ckpt, None
+    from roseinfer.kernels import cpu_kernels_available
+
+    return ckpt, first[1].dtype if cpu_kernels_available() else None
 
 
 def _cache_entry(ckpt: Checkpoint, dtype: torch.dtype, device: torch.device,

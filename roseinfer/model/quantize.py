@@ -59,6 +59,9 @@ from torch import Tensor, nn
 ACT8_LAYERS = frozenset({"gate_up_proj"})
 
 QUANTIZATIONS = ("none", "fp16", "fp16+bf16", "int8")
+# Weight dtypes the int8 conversion takes (a 16-bit checkpoint's linears stay 16-bit
+# until converted: factory.load_model).
+_INT8_SOURCES = (torch.float32, torch.bfloat16, torch.float16)
 BF16_MIN_ROWS = 32  # below this many input rows fbgemm's fp16 GEMM is as fast or faster
 
 
@@ -197,12 +200,14 @@ def convert_linear(weight: Tensor, bias: Tensor | None, fmt: LinearFormat, head:
     meet int8 activations (``act8_layer``)."""
     record = {} if bias is None else {"bias": bias.detach()}
     if (fmt.int8 and fmt.kernels and weight.device.type == "cpu"
-            and weight.dtype == torch.float32 and weight.shape[1] % 32 == 0):
+            and weight.dtype in _INT8_SOURCES and weight.shape[1] % 32 == 0):
         from roseinfer.kernels import quantize_int8_blocks
         from roseinfer.kernels.q4_1 import recover_q4_1
 
-        w = weight.detach().contiguous()
-        q4 = recover_q4_1(w)  # as make_linear(int8=True): Q4_1 kept exactly, else Q8_0
+        # A 16-bit weight (safetensors kept in its dtype) is widened one layer at a time.
+        w = weight.detach().float().contiguous()
+        # as make_linear(int8=True): Q4_1 kept exactly (only fp32 can be), else Q8_0
+        q4 = recover_q4_1(w) if weight.dtype == torch.float32 else None
         if q4 is not None:
             record.update(q4weight=q4[0], q4scales=q4[1], q4mins=q4[2])
         else:
@@ -249,7 +254,9 @@ def set_module(model: nn.Module, path: str, module: nn.Module) -> None:
     setattr(model.get_submodule(parent) if parent else model, name, module)
 
 
-def _mark_quantized(model: nn.Module, quantization: str) -> None:
+def mark_quantized(model: nn.Module, quantization: str) -> None:
+    """Record that ``model``'s layers are in ``quantization`` (a decode stack built
+    before is dropped: it saw the old layers)."""
     model.quantization = quantization  # type: ignore[assignment]
     if hasattr(model, "_stack_state"):  # a decode stack built earlier saw the old weights
         model._stack, model._stack_state = None, "unbuilt"
@@ -285,7 +292,7 @@ def quantize_model(model: nn.Module, quantization: str | None,
         set_module(model, path, module)  # the fp32 layer goes now, not after the loop
         if records is not None:
             records[path] = record
-    _mark_quantized(model, quantization)
+    mark_quantized(model, quantization)
     return model
 
 
@@ -298,5 +305,5 @@ def apply_linear_records(model: nn.Module, quantization: str,
     for path in linear_paths(model):
         set_module(model, path, rebuild_linear(records[path], fmt, head=path == "lm_head",
                                                act8=act8_layer(path)))
-    _mark_quantized(model, quantization)
+    mark_quantized(model, quantization)
     return model

@@ -16,24 +16,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from roseinfer.config import EngineConfig
 from roseinfer.engine.scheduler import ScheduledRequest
 from roseinfer.model.attention_metadata import SeqSpec, build_attention_metadata
 from roseinfer.model.config import ModelConfig
-
-
-def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    elem = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * elem
-
-
-def num_kv_blocks(config: EngineConfig, model_config: ModelConfig, kv_dtype: torch.dtype) -> int:
-    """The KV pool size: ``num_kv_blocks``, else what ``kv_cache_memory_gb`` holds of
-    ``model_config``'s blocks (under tensor parallelism: rank 0's, the largest)."""
-    if config.num_kv_blocks is not None:
-        return config.num_kv_blocks
-    per_block = kv_bytes_per_block(model_config, config.block_size, kv_dtype)
-    return max(1, int(config.kv_cache_memory_gb * (1 << 30)) // per_block)
+from roseinfer.runner.kv_pool import allocate_kv_caches
+from roseinfer.runner.kv_pool import kv_bytes_per_block as kv_bytes_per_block  # re-export
+from roseinfer.runner.kv_pool import num_kv_blocks as num_kv_blocks  # re-export
 
 
 @dataclass(slots=True)
@@ -60,12 +48,8 @@ class ModelRunner:
         self.block_size = block_size
         self.kv_dtype = kv_dtype
         self.device = device
-        num_slots = num_blocks * block_size
-        # One tensor per layer: [2 (K, V), slots, kv_heads, head_dim].
-        self.kv_caches = [
-            torch.zeros(2, num_slots, config.num_kv_heads, config.head_dim, dtype=kv_dtype, device=device)
-            for _ in range(config.num_layers)
-        ]
+        # One tensor per layer: [2 (K, V), slots, kv_heads, head_dim] (zero pages on CPU).
+        self.kv_caches = allocate_kv_caches(config, num_blocks, block_size, kv_dtype, device)
 
     @property
     def failure(self) -> BaseException | None:

@@ -4,7 +4,10 @@
 //       .set_int8_weight(q[N,K] int8, scales[N,K/32] f32): int8 x int16 (q8_gemm.h), every input
 //       .set_q4_weight(q[N,K] int8 in [0,15], scales, mins [N,K/32] f32, act8): Q4_1 as it
 //           is (act8: against int8 activations)
-//       .forward_portable(x): the int8 format's portable kernel (tests)
+//       .set_gguf_weight(types: List[int], raws: List[uint8 [rows, row_bytes]], act8,
+//           extra_copy): a GGUF's stored tensors as they are (gguf_gemm.h)
+//       .forward_portable(x): the int8 / GGUF formats' portable kernel (tests)
+//   torch.ops.roseinfer.gguf_rows(raw, type, ids): dequantized rows of a stored tensor
 //   torch.classes.roseinfer.LlamaStack(hidden, heads, kv_heads, head_dim, inter, eps, final_norm)
 //   torch.ops.roseinfer.paged_attention(q, kv_cache, block_tables, token_seq, token_lens,
 //                                       block_size, scale)   (prefill and decode rows)
@@ -26,6 +29,7 @@ TORCH_LIBRARY(roseinfer, m) {
       .def("set_bf16_weight", &roseinfer::Linear::set_bf16_weight)
       .def("set_int8_weight", &roseinfer::Linear::set_int8_weight)
       .def("set_q4_weight", &roseinfer::Linear::set_q4_weight)
+      .def("set_gguf_weight", &roseinfer::Linear::set_gguf_weight)
       .def("forward_portable", &roseinfer::Linear::forward_portable)
       .def("in_features", [](const c10::intrusive_ptr<roseinfer::Linear>& self) {
         return self->in_features;
@@ -44,6 +48,8 @@ TORCH_LIBRARY(roseinfer, m) {
       "paged_attention(Tensor q, Tensor kv_cache, Tensor block_tables, Tensor token_seq, "
       "Tensor token_lens, int block_size, float scale) -> Tensor");
   m.impl("paged_attention", c10::DispatchKey::CPU, &roseinfer::paged_attention);
+  m.def("gguf_rows(Tensor raw, int type, Tensor ids) -> Tensor");
+  m.impl("gguf_rows", c10::DispatchKey::CPU, &roseinfer::gguf_rows);
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
   m.impl("rms_norm", c10::DispatchKey::CPU, &roseinfer::rms_norm_op);
   m.def("silu_mul(Tensor gate_up) -> Tensor");

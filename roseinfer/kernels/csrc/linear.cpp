@@ -112,11 +112,30 @@ void Linear::set_q4_weight(at::Tensor q, at::Tensor scales, at::Tensor mins, boo
   weight_bf16 = at::Tensor();
 }
 
+void Linear::set_gguf_weight(std::vector<int64_t> types, std::vector<at::Tensor> raws, bool act8,
+                             bool extra_copy) {
+  auto g = std::make_shared<GgufGemm>(types, raws, act8, extra_copy);
+  TORCH_CHECK(!bias.defined() || bias.numel() == g->N,
+              "Linear.set_gguf_weight: bias of ", bias.numel(), " for ", g->N, " output columns");
+  gguf = g;
+  in_features = g->K;
+  out_features = g->N;
+  q8.reset();
+  panels.reset();
+  weight = at::Tensor();
+  weight_bf16 = at::Tensor();
+}
+
 void Linear::run(const at::Tensor& x, at::Tensor& y) const {
   const int64_t m = x.size(0);
   if (weight_bf16.defined() && m >= bf16_min_rows) {  // fp16+bf16 only: not invariant
     y.copy_(at::linear(x.to(at::kBFloat16), weight_bf16));
     if (bias.defined()) y.add_(bias);
+    return;
+  }
+  if (gguf) {
+    gguf->run(x.data_ptr<float>(), m, bias.defined() ? bias.data_ptr<float>() : nullptr,
+              y.data_ptr<float>(), false);
     return;
   }
   if (q8) {
@@ -145,10 +164,15 @@ void Linear::run(const at::Tensor& x, at::Tensor& y) const {
 }
 
 at::Tensor Linear::forward_portable(at::Tensor x) {
-  TORCH_CHECK(q8 && x.scalar_type() == at::kFloat && x.dim() == 2 && x.size(1) == in_features,
-              "Linear.forward_portable: int8 weights and a float32 [M, in_features] input");
+  TORCH_CHECK((q8 || gguf) && x.scalar_type() == at::kFloat && x.dim() == 2 && x.size(1) == in_features,
+              "Linear.forward_portable: int8 / GGUF weights and a float32 [M, in_features] input");
   auto x2 = x.contiguous();
   auto y = at::empty({x2.size(0), out_features}, x.options());
+  if (gguf) {
+    gguf->run(x2.data_ptr<float>(), x2.size(0), bias.defined() ? bias.data_ptr<float>() : nullptr,
+              y.data_ptr<float>(), true);
+    return y;
+  }
   q8->run_reference(x2.data_ptr<float>(), x2.size(0),
                     bias.defined() ? bias.data_ptr<float>() : nullptr, y.data_ptr<float>());
   return y;

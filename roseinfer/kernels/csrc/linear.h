@@ -13,6 +13,8 @@
 //         element whatever M, batch invariance); the fp32 / fp16 / bf16 copies are dropped.
 //   Q4_1 (set_q4_weight): a GGUF's Q4_1 weights as they are (w = d * q + m per 32), the
 //         same kernel on nibbles (q8_gemm.h).
+//   GGUF (set_gguf_weight): a GGUF file's stored tensors as they are, parts of any
+//         supported type stacked as output columns (gguf_gemm.h), every input size.
 #pragma once
 
 #include <torch/custom_class.h>
@@ -21,6 +23,7 @@
 #include <optional>
 
 #include "common.h"
+#include "gguf_gemm.h"
 #include "panel_gemm.h"
 #include "q8_gemm.h"
 
@@ -36,12 +39,17 @@ struct Linear : torch::CustomClassHolder {
   int64_t bf16_min_rows = 0;  // 0 = never
   std::shared_ptr<PanelGemm> panels;  // fp16 weights: every input (but bf16's) runs it
   std::shared_ptr<Q8Gemm> q8;         // int8 weights: every input runs it
+  std::shared_ptr<GgufGemm> gguf;     // GGUF weights as stored: every input runs it
 
   Linear(at::Tensor w, std::optional<at::Tensor> b, bool fp16);
   void set_bf16_weight(at::Tensor w, int64_t min_rows);
   void set_int8_weight(at::Tensor q, at::Tensor scales);
   // Q4_1, exact; act8: against int8 activations (q4_act8.h)
   void set_q4_weight(at::Tensor q, at::Tensor scales, at::Tensor mins, bool act8);
+  // raws[i]: uint8 [rows_i, row_bytes_i] of GGML type types[i] (read, never written);
+  // sets in_features (values per row) and out_features (all rows).
+  void set_gguf_weight(std::vector<int64_t> types, std::vector<at::Tensor> raws, bool act8,
+                       bool extra_copy);
   void run(const at::Tensor& x, at::Tensor& y) const;  // x [M,K] contiguous, y [M,N]
   at::Tensor forward(at::Tensor x);
   at::Tensor forward_portable(at::Tensor x);  // int8: the portable kernel (tests)

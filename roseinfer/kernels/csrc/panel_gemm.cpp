@@ -11,25 +11,43 @@ PanelGemm::PanelGemm(const at::Tensor& w) {
   N = w.size(0);
   K = w.size(1);
   Np = (N + 15) / 16 * 16;
-  auto wh = w.to(at::kHalf).contiguous();
-  const at::Half* wp = wh.data_ptr<at::Half>();
+  bf16 = w.scalar_type() == at::kBFloat16;
+  auto wh = w.to(bf16 ? at::kBFloat16 : at::kHalf).contiguous();
+  const uint16_t* wp = reinterpret_cast<const uint16_t*>(wh.data_ptr());
   f16 = at::zeros({Np / 16, K, 16}, wh.options());
-  at::Half* fp = f16.data_ptr<at::Half>();
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t k = 0; k < K; ++k) fp[((n / 16) * K + k) * 16 + n % 16] = wp[n * K + k];
+  uint16_t* fp = reinterpret_cast<uint16_t*>(f16.data_ptr());
+  at::parallel_for(0, Np / 16, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t n = p0 * 16; n < std::min(N, p1 * 16); ++n)
+      for (int64_t k = 0; k < K; ++k) fp[((n / 16) * K + k) * 16 + n % 16] = wp[n * K + k];
+  });
+}
+
+// One 16-bit weight as fp32 (exact).
+static inline float weight_at(const uint16_t* p, bool bf16) {
+  if (!bf16) return static_cast<float>(c10::Half(*p, c10::Half::from_bits()));
+  const uint32_t bits = uint32_t(*p) << 16;
+  float v;
+  std::memcpy(&v, &bits, 4);
+  return v;
 }
 
 #ifdef ROSEINFER_AVX2
 // MR rows x 16 columns of an fp16 panel [K][16].
-template <int MR>
-static inline void f16_tile(const float* x, int64_t K, const at::Half* panel, float* out,
+static inline __m256 widen8(const __m128i* p, bool bf16) {
+  const __m128i h = _mm_loadu_si128(p);
+  if (!bf16) return _mm256_cvtph_ps(h);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+template <int MR, bool BF16>
+static inline void f16_tile(const float* x, int64_t K, const uint16_t* panel, float* out,
                             int64_t ldo) {
   __m256 acc[MR][2];
   for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
   const __m128i* p = reinterpret_cast<const __m128i*>(panel);
   for (int64_t k = 0; k < K; ++k) {
-    const __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128(p + 2 * k));
-    const __m256 w1 = _mm256_cvtph_ps(_mm_loadu_si128(p + 2 * k + 1));
+    const __m256 w0 = widen8(p + 2 * k, BF16);
+    const __m256 w1 = widen8(p + 2 * k + 1, BF16);
     for (int m = 0; m < MR; ++m) {
       const __m256 xb = _mm256_broadcast_ss(x + m * K + k);
       acc[m][0] = _mm256_fmadd_ps(xb, w0, acc[m][0]);
@@ -51,23 +69,24 @@ static inline void emit(const float* tile, int64_t ldt, int64_t rows, int64_t n0
 }
 
 // fp16 format, every M: 16-column panels, 6 rows per tile.
+template <bool BF16>
 static void run_f16(const PanelGemm& g, const float* x, int64_t M, const float* bias, float* y) {
   const int64_t K = g.K, panels = g.Np / 16;
-  const at::Half* w = g.f16.data_ptr<at::Half>();
+  const uint16_t* w = reinterpret_cast<const uint16_t*>(g.f16.data_ptr());
   at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
     float tile[6 * 16];
     for (int64_t p = p0; p < p1; ++p) {
-      const at::Half* panel = w + p * K * 16;
+      const uint16_t* panel = w + p * K * 16;
       for (int64_t m0 = 0; m0 < M; m0 += 6) {
         const float* xm = x + m0 * K;
         const int64_t mr = std::min<int64_t>(6, M - m0);
         switch (mr) {
-          case 1: f16_tile<1>(xm, K, panel, tile, 16); break;
-          case 2: f16_tile<2>(xm, K, panel, tile, 16); break;
-          case 3: f16_tile<3>(xm, K, panel, tile, 16); break;
-          case 4: f16_tile<4>(xm, K, panel, tile, 16); break;
-          case 5: f16_tile<5>(xm, K, panel, tile, 16); break;
-          default: f16_tile<6>(xm, K, panel, tile, 16); break;
+          case 1: f16_tile<1, BF16>(xm, K, panel, tile, 16); break;
+          case 2: f16_tile<2, BF16>(xm, K, panel, tile, 16); break;
+          case 3: f16_tile<3, BF16>(xm, K, panel, tile, 16); break;
+          case 4: f16_tile<4, BF16>(xm, K, panel, tile, 16); break;
+          case 5: f16_tile<5, BF16>(xm, K, panel, tile, 16); break;
+          default: f16_tile<6, BF16>(xm, K, panel, tile, 16); break;
         }
         emit(tile, 16, mr, p * 16, 16, bias, y + m0 * g.N, g.N);
       }
@@ -85,20 +104,19 @@ static void run_f16(const PanelGemm& g, const float* x, int64_t M, const float* 
       for (int64_t n = n0; n < n1; ++n) {
         const float* xm = x + m * K;
         float acc = 0.f;
-        const at::Half* col = g.f16.data_ptr<at::Half>() + (n / 16) * K * 16 + n % 16;
-        for (int64_t k = 0; k < K; ++k) acc = std::fma(xm[k], (float)col[k * 16], acc);
+        const uint16_t* col = reinterpret_cast<const uint16_t*>(g.f16.data_ptr()) + (n / 16) * K * 16 + n % 16;
+        for (int64_t k = 0; k < K; ++k) acc = std::fma(xm[k], weight_at(col + k * 16, g.bf16), acc);
         y[m * g.N + n] = acc + (bias ? bias[n] : 0.f);
       }
   });
 }
 
-void PanelGemm::run(const float* x, int64_t M, const float* bias, float* y) const {
+void PanelGemm::run(const float* x, int64_t M, const float* bias, float* y, bool portable) const {
   if (M <= 0) return;
 #ifdef ROSEINFER_AVX2
-  return run_f16(*this, x, M, bias, y);
-#else
-  run_portable(*this, x, M, bias, y);
+  if (!portable) return bf16 ? run_f16<true>(*this, x, M, bias, y) : run_f16<false>(*this, x, M, bias, y);
 #endif
+  run_portable(*this, x, M, bias, y);
 }
 
 }  // namespace roseinfer

@@ -202,7 +202,7 @@ void gemm_q4_act8(const uint8_t* bytes, const uint8_t* nibbles, int64_t N, int64
   std::unique_ptr<int8_t[]> xq(new int8_t[M * K]);
   std::unique_ptr<float[]> dx(new float[M * KB]), sx(new float[M * KB]);
   quantize_rows(x, M, K, xq.get(), dx.get(), sx.get(), portable);
-  const bool nib = M <= kNibMaxRows;  // same integers either way
+  const bool nib = M <= kNibMaxRows || bytes == nullptr;  // same integers either way
   const uint8_t* wp = nib ? nibbles : bytes;
   const int64_t panel_bytes = KB * (nib ? kNibBlock : kBytesBlock);
   const int64_t mc = std::max<int64_t>(8, (int64_t(1) << 18) / K);  // ~256 KB of rows

@@ -29,7 +29,8 @@ at::Tensor pack_q4_act8(const at::Tensor& q, const at::Tensor& d, const at::Tens
                         bool nibbles);
 
 // x [M, K] fp32 -> y [M, N] fp32 (+ bias [N] or null) from the two packings above.
-// portable: the scalar kernel (the same results on any machine).
+// portable: the scalar kernel (the same results on any machine); bytes null: nibbles
+// for every step.
 void gemm_q4_act8(const uint8_t* bytes, const uint8_t* nibbles, int64_t N, int64_t K,
                   const float* x, int64_t M, const float* bias, float* y, bool portable);
 

@@ -193,7 +193,7 @@ void gemm(const Q8Gemm& g, const float* x, int64_t M, const float* bias, float* 
   std::unique_ptr<float[]> dx(new float[M * KB]), sx(new float[M * KB]);
   quantize_rows(x, M, K, xq.get(), dx.get(), sx.get(), portable);
   // Q4_1: decode-size steps read the nibbles, larger ones the int8 copy (same integers).
-  const Kind kind = !g.q4 ? Kind::I8 : M <= kQ4MaxRows ? Kind::Q4 : Kind::I8M;
+  const Kind kind = !g.q4 ? Kind::I8 : M <= kQ4MaxRows || !g.packed.defined() ? Kind::Q4 : Kind::I8M;
   const uint8_t* wp = (kind == Kind::Q4 ? g.packed4 : g.packed).data_ptr<uint8_t>();
   const int64_t panel_bytes = KB * block_bytes_of(kind);
   const int64_t mc = std::max<int64_t>(8, (int64_t(1) << 17) / K);  // ~256 KB of rows
@@ -233,7 +233,7 @@ void q8_quantize_act(const float* x, int64_t M, int64_t K, int16_t* xq, float* d
 }
 
 Q8Gemm::Q8Gemm(const at::Tensor& q_, const at::Tensor& scales_,
-               const c10::optional<at::Tensor>& mins_, bool act8_) {
+               const c10::optional<at::Tensor>& mins_, bool act8_, bool int8_copy) {
   TORCH_CHECK(q_.dim() == 2 && q_.scalar_type() == at::kChar && q_.size(1) % kQ8Block == 0,
               "Q8Gemm: expected int8 weights [N, K] with K % 32 == 0");
   N = q_.size(0);
@@ -258,7 +258,7 @@ Q8Gemm::Q8Gemm(const at::Tensor& q_, const at::Tensor& scales_,
   act8 = act8_;
   TORCH_CHECK(!act8 || q4, "Q8Gemm: int8 activations need Q4_1 weights");
   if (act8) {
-    packed = pack_q4_act8(q, sc, mn, false);
+    if (int8_copy) packed = pack_q4_act8(q, sc, mn, false);
     packed4 = pack_q4_act8(q, sc, mn, true);
     return;
   }
@@ -297,20 +297,22 @@ Q8Gemm::Q8Gemm(const at::Tensor& q_, const at::Tensor& scales_,
     });
     return t;
   };
-  packed = pack(q4 ? Kind::I8M : Kind::I8);
+  if (!q4 || int8_copy) packed = pack(q4 ? Kind::I8M : Kind::I8);
   if (q4) packed4 = pack(Kind::Q4);
 }
 
 void Q8Gemm::run(const float* x, int64_t M, const float* bias, float* y) const {
+  const uint8_t* bytes = packed.defined() ? packed.data_ptr<uint8_t>() : nullptr;
   if (act8)
-    gemm_q4_act8(packed.data_ptr<uint8_t>(), packed4.data_ptr<uint8_t>(), N, K, x, M, bias, y, false);
+    gemm_q4_act8(bytes, packed4.data_ptr<uint8_t>(), N, K, x, M, bias, y, false);
   else
     gemm(*this, x, M, bias, y, false);
 }
 
 void Q8Gemm::run_reference(const float* x, int64_t M, const float* bias, float* y) const {
+  const uint8_t* bytes = packed.defined() ? packed.data_ptr<uint8_t>() : nullptr;
   if (act8)
-    gemm_q4_act8(packed.data_ptr<uint8_t>(), packed4.data_ptr<uint8_t>(), N, K, x, M, bias, y, true);
+    gemm_q4_act8(bytes, packed4.data_ptr<uint8_t>(), N, K, x, M, bias, y, true);
   else
     gemm(*this, x, M, bias, y, true);
 }

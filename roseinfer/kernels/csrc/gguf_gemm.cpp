@@ -1,0 +1,219 @@
+// The quantized GGUF formats' GEMM (see gguf_gemm.h): per-format block decoders
+// (portable and AVX2, the same values), one inline-asm tile loop over decoded blocks,
+// the portable kernel (same results) and the driver.
+#include "gguf_gemm.h"
+
+#include <memory>
+
+#include "gguf_decode.h"
+#include "gguf_tiles.h"
+#include "q8_tiles.h"
+
+namespace roseinfer {
+
+namespace {
+
+constexpr int kMaxSmallRows = 5;  // rows per register tile
+
+// This thread's decoded-block buffer of at least n blocks (reused: no allocation, no
+// page faults per call).
+DBlock* decode_buffer(int64_t n) {
+  thread_local std::vector<DBlock> buf;
+  if (static_cast<int64_t>(buf.size()) < n) buf.resize(n);
+  return buf.data();
+}
+
+// Portable kernel: one row and column at a time, the same integer dots and fp32 steps.
+template <class F>
+void panels_scalar(const GgufPanels& g, const int16_t* xq, const float* dx, const float* sx,
+                   int64_t M, int64_t p0, int64_t p1, const float* bias, float* y,
+                   int64_t ldy) {
+  const int64_t K = g.K, KB = K / 32, NSB = K / F::E, BPS = F::E / 32;
+  DBlock* blk = decode_buffer(BPS);
+  std::vector<float> acc(M * 16);
+  for (int64_t p = p0; p < p1; ++p) {
+    std::fill(acc.begin(), acc.end(), 0.f);
+    for (int64_t sb = 0; sb < NSB; ++sb) {
+      const uint8_t* psb = g.packed.data_ptr<uint8_t>() + (p * NSB + sb) * F::kPanel;
+      for (int jj = 0; jj < BPS; ++jj) decode_scalar<F>(psb, jj, blk[jj]);
+      for (int64_t m = 0; m < M; ++m)
+        for (int jj = 0; jj < BPS; ++jj) {
+          const int64_t j = sb * BPS + jj;
+          const int16_t* xr = xq + m * K + j * 32;
+          const DBlock& o = blk[jj];
+          for (int c = 0; c < 16; ++c) {
+            int32_t dot[2] = {0, 0};
+            for (int k = 0; k < 32; ++k)
+              dot[F::HALVES == 2 ? k / 16 : 0] += int32_t(xr[k]) * static_cast<int8_t>(o.qp[(k / 2) * 32 + 2 * c + k % 2]);
+            float& a = acc[m * 16 + c];
+            a = std::fma(static_cast<float>(dot[0]), dx[m * KB + j] * o.d0[c], a);
+            if (F::HALVES == 2) a = std::fma(static_cast<float>(dot[1]), dx[m * KB + j] * o.d1[c], a);
+            if (F::kMin) a = std::fma(sx[m * KB + j], o.m[c], a);
+          }
+        }
+    }
+    const int64_t n0 = p * 16;
+    store_tile(acc.data(), M, n0, std::min<int64_t>(16, g.N - n0), bias, y, ldy);
+  }
+}
+
+#ifdef ROSEINFER_AVX2
+// acc[m] += dot * (dx * d) for 16 columns.
+template <int MR>
+inline void scale_add(float* acc, const __m256i (&a)[MR][2], const float* dx, int64_t KB,
+                      int64_t j, const float* d) {
+  const __m256 d0 = _mm256_loadu_ps(d), d1 = _mm256_loadu_ps(d + 8);
+  for (int m = 0; m < MR; ++m) {
+    const __m256 s = _mm256_set1_ps(dx[m * KB + j]);
+    float* ar = acc + m * 16;
+    _mm256_store_ps(ar, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[m][0]), _mm256_mul_ps(s, d0), _mm256_load_ps(ar)));
+    _mm256_store_ps(ar + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[m][1]), _mm256_mul_ps(s, d1), _mm256_load_ps(ar + 8)));
+  }
+}
+
+// acc[m] += dot * (dx * d), then += sx * mn (one pass over the accumulators).
+template <int MR>
+inline void scale_min_add(float* acc, const __m256i (&a)[MR][2], const float* dx,
+                          const float* sx, int64_t KB, int64_t j, const float* d,
+                          const float* mn) {
+  const __m256 d0 = _mm256_loadu_ps(d), d1 = _mm256_loadu_ps(d + 8);
+  const __m256 m0 = _mm256_loadu_ps(mn), m1 = _mm256_loadu_ps(mn + 8);
+  for (int m = 0; m < MR; ++m) {
+    const __m256 s = _mm256_set1_ps(dx[m * KB + j]), t = _mm256_set1_ps(sx[m * KB + j]);
+    float* ar = acc + m * 16;
+    const __m256 r0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[m][0]), _mm256_mul_ps(s, d0), _mm256_load_ps(ar));
+    const __m256 r1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[m][1]), _mm256_mul_ps(s, d1), _mm256_load_ps(ar + 8));
+    _mm256_store_ps(ar, _mm256_fmadd_ps(t, m0, r0));
+    _mm256_store_ps(ar + 8, _mm256_fmadd_ps(t, m1, r1));
+  }
+}
+
+// Rows [0, MR) (xq rows of stride K) x decoded blocks [j0, j0 + nb) into acc [MR][16].
+template <class F, int MR>
+void tile_blocks(const int16_t* xq, const float* dx, const float* sx, int64_t K,
+                 const DBlock* blk, int64_t j0, int64_t nb, float* acc) {
+  const int64_t KB = K / 32;
+  static_assert(F::HALVES == 1 || !F::kMin, "a minimum term per 32-block only");
+  // Q8_0 and the 4-bit formats read their packed weights, the others decoded blocks.
+  constexpr Head kHead = F::BITS == 8   ? Head::I8_PF
+                         : F::BITS == 4 ? (F::OFFSET == 8 ? Head::NIB_OFF8 : Head::NIB)
+                                        : Head::I8;
+  constexpr int64_t kHalfBytes = F::BITS == 4 ? 128 : 256;  // 8 steps
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t j = j0 + b;
+    const DBlock& o = blk[b];
+    const int16_t* xr[MR];
+    for (int m = 0; m < MR; ++m) xr[m] = xq + m * K + j * 32;
+    __m256i a[MR][2];
+    if constexpr (F::HALVES == 1) {
+      steps_int<MR, 16, kHead>(xr, o.qp, a);
+      if constexpr (F::kMin) scale_min_add<MR>(acc, a, dx, sx, KB, j, o.d0, o.m);
+      else scale_add<MR>(acc, a, dx, KB, j, o.d0);
+    } else {
+      steps_int<MR, 8, kHead>(xr, o.qp, a);
+      scale_add<MR>(acc, a, dx, KB, j, o.d0);
+      for (int m = 0; m < MR; ++m) xr[m] += 16;
+      steps_int<MR, 8, kHead>(xr, o.qp + kHalfBytes, a);
+      scale_add<MR>(acc, a, dx, KB, j, o.d1);
+    }
+  }
+}
+
+template <class F>
+void tile_rows(int64_t mr, const int16_t* xq, const float* dx, const float* sx, int64_t K,
+               const DBlock* blk, int64_t j0, int64_t nb, float* acc) {
+  switch (mr) {
+    case 1: tile_blocks<F, 1>(xq, dx, sx, K, blk, j0, nb, acc); break;
+    case 2: tile_blocks<F, 2>(xq, dx, sx, K, blk, j0, nb, acc); break;
+    case 3: tile_blocks<F, 3>(xq, dx, sx, K, blk, j0, nb, acc); break;
+    case 4: tile_blocks<F, 4>(xq, dx, sx, K, blk, j0, nb, acc); break;
+    default: tile_blocks<F, 5>(xq, dx, sx, K, blk, j0, nb, acc); break;
+  }
+}
+
+// Panels [p0, p1), rows in chunks whose activations stay in L2: per panel, groups of
+// 8 32-blocks are decoded into an L1 buffer, then every row tile of the chunk adds
+// their share into its accumulators (acc [chunk rows][16]).
+template <class F>
+void panels_avx2(const GgufPanels& g, const int16_t* xq, const float* dx, const float* sx,
+                 int64_t M, int64_t p0, int64_t p1, const float* bias, float* y, int64_t ldy) {
+  const int64_t K = g.K, KB = K / 32, BPS = F::E / 32;
+  constexpr int64_t kGroup = 8;  // 32-blocks per decoded group (K % 256 == 0 for K-quants)
+  DBlock* blk = decode_buffer(kGroup);
+  const int64_t mc = std::max<int64_t>(8, (int64_t(1) << 17) / K);
+  thread_local std::vector<float> acc_buf;
+  if (static_cast<int64_t>(acc_buf.size()) < mc * 16 + 16) acc_buf.resize(mc * 16 + 16);
+  float* acc = acc_buf.data() + (16 - reinterpret_cast<uintptr_t>(acc_buf.data()) % 64 / 4) % 16;
+  const uint8_t* base = g.packed.data_ptr<uint8_t>();
+  const int64_t panel_bytes = K / F::E * F::kPanel;
+  for (int64_t c0 = 0; c0 < M; c0 += mc) {
+    const int64_t c1 = std::min(M, c0 + mc);
+    for (int64_t p = p0; p < p1; ++p) {
+      const uint8_t* panel = base + p * panel_bytes;
+      const int64_t n0 = p * 16, nc = std::min<int64_t>(16, g.N - n0);
+      std::fill(acc, acc + (c1 - c0) * 16, 0.f);
+      for (int64_t j0 = 0; j0 < KB; j0 += kGroup) {
+        const int64_t nb = std::min(kGroup, KB - j0);
+        for (int64_t b = 0; b < nb; ++b) {
+          const int64_t j = j0 + b, jn = j + kGroup;  // the next group's scales: prefetch
+          if (jn < KB) _mm_prefetch(reinterpret_cast<const char*>(panel + (jn / BPS) * F::kPanel + F::kScaleOff), _MM_HINT_T0);
+          decode_avx2<F>(panel + (j / BPS) * F::kPanel, static_cast<int>(j % BPS), blk[b]);
+        }
+        for_row_tiles(c0, c1, kMaxSmallRows, [&](int64_t m, int64_t mr) {
+          tile_rows<F>(mr, xq + m * K, dx + m * KB, sx + m * KB, K, blk, j0, nb, acc + (m - c0) * 16);
+        });
+      }
+      store_tile(acc, c1 - c0, n0, nc, bias, y + c0 * ldy, ldy);
+    }
+  }
+}
+#endif  // ROSEINFER_AVX2
+
+template <class F>
+void run_format(const GgufPanels& g, const int16_t* xq, const float* dx, const float* sx,
+                int64_t M, const float* bias, float* y, int64_t ldy, bool portable) {
+  const int64_t NP = (g.N + 15) / 16;
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 17) / (M * g.K * 16));
+  at::parallel_for(0, NP, grain, [&](int64_t p0, int64_t p1) {
+#ifdef ROSEINFER_AVX2
+    if (!portable) return panels_avx2<F>(g, xq, dx, sx, M, p0, p1, bias, y, ldy);
+#endif
+    panels_scalar<F>(g, xq, dx, sx, M, p0, p1, bias, y, ldy);
+  });
+}
+
+}  // namespace
+
+GgufPanels::GgufPanels(int64_t type_, const std::vector<const uint8_t*>& rows, int64_t K_)
+    : type(type_), N(static_cast<int64_t>(rows.size())), K(K_) {
+  const bool ok = with_format(type, [&](auto f) {
+    using F = decltype(f);
+    TORCH_CHECK(K % F::E == 0, "GgufPanels: K = ", K, " is not a multiple of ", F::E);
+    const int64_t NSB = K / F::E, NP = (N + 15) / 16;
+    packed = at::zeros({NP * NSB * F::kPanel}, at::TensorOptions().dtype(at::kByte));
+    uint8_t* out = packed.data_ptr<uint8_t>();
+    at::parallel_for(0, NP, 1, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p)
+        for (int c = 0; c < 16 && p * 16 + c < N; ++c) {
+          const uint8_t* row = rows[p * 16 + c];
+          for (int64_t sb = 0; sb < NSB; ++sb) {
+            const uint8_t* s = row + sb * F::kStored;
+            uint8_t* psb = out + (p * NSB + sb) * F::kPanel;
+            for (int e = 0; e < F::E; ++e) F::Ints::put(psb, c, e, F::stored_q(s, e));
+            F::pack_scales(s, psb + F::kScaleOff, c);
+          }
+        }
+    });
+  });
+  TORCH_CHECK(ok, "GgufPanels: unsupported type ", type);
+}
+
+void GgufPanels::run(const int16_t* xq, const float* dx, const float* sx, int64_t M,
+                     const float* bias, float* y, int64_t ldy, bool portable) const {
+  if (M <= 0 || N == 0) return;
+  with_format(type, [&](auto f) {
+    run_format<decltype(f)>(*this, xq, dx, sx, M, bias, y, ldy, portable);
+  });
+}
+
+}  // namespace roseinfer

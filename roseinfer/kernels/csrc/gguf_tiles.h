@@ -1,0 +1,114 @@
+// The integer loop of the GGUF GEMM (gguf_gemm.h): STEPS steps of two k for MR rows x 16
+// columns, two steps per iteration, in inline asm (GCC spills the accumulators of an
+// intrinsics version).  Per step the 16 columns' values, as int16 pairs, meet each row's
+// broadcast k-pair of int16 activations in vpmaddwd (exact int32 sums, as the int8
+// format's loop, q8_gemm.cpp).  Heads: int8 values in the GEMM's order (decoded blocks,
+// or Q8_0's packed ones, prefetched) or 4-bit values straight from a packed panel
+// (gguf_formats.h: byte i of a 32-byte group holds byte i of two steps), widened and
+// split in registers (Q4_0: minus 8).
+#pragma once
+
+#include "common.h"
+
+namespace roseinfer {
+
+#ifdef ROSEINFER_AVX2
+enum class Head { I8, I8_PF, NIB, NIB_OFF8 };
+
+#define GG_H8(PF)                                                                         \
+  "1:\n\t" PF "vpmovsxbw (%[w]), %%ymm12\n\tvpmovsxbw 16(%[w]), %%ymm13\n\t"              \
+  "vpmovsxbw 32(%[w]), %%ymm10\n\tvpmovsxbw 48(%[w]), %%ymm11\n\t"
+#define GG_H4(OFF)                                                                        \
+  "1:\n\tprefetcht0 1024(%[w])\n\tvpmovzxbw (%[w]), %%ymm12\n\tvpmovzxbw 16(%[w]), %%ymm13\n\t" \
+  "vpsrlw $4, %%ymm12, %%ymm10\n\tvpsrlw $4, %%ymm13, %%ymm11\n\t"                        \
+  "vpand (%[c]), %%ymm12, %%ymm12\n\tvpand (%[c]), %%ymm13, %%ymm13\n\t" OFF
+#define GG_OFF8                                                                           \
+  "vpsubw 32(%[c]), %%ymm12, %%ymm12\n\tvpsubw 32(%[c]), %%ymm13, %%ymm13\n\t"              \
+  "vpsubw 32(%[c]), %%ymm10, %%ymm10\n\tvpsubw 32(%[c]), %%ymm11, %%ymm11\n\t"
+#define GG_ROW(m)                                   \
+  "vpbroadcastd (%[x" #m "],%[s]), %%ymm14\n\t"     \
+  "vpmaddwd %%ymm12, %%ymm14, %%ymm15\n\t"          \
+  "vpaddd %%ymm15, %[a" #m "0], %[a" #m "0]\n\t"    \
+  "vpmaddwd %%ymm13, %%ymm14, %%ymm14\n\t"          \
+  "vpaddd %%ymm14, %[a" #m "1], %[a" #m "1]\n\t"    \
+  "vpbroadcastd 4(%[x" #m "],%[s]), %%ymm14\n\t"    \
+  "vpmaddwd %%ymm10, %%ymm14, %%ymm15\n\t"          \
+  "vpaddd %%ymm15, %[a" #m "0], %[a" #m "0]\n\t"    \
+  "vpmaddwd %%ymm11, %%ymm14, %%ymm14\n\t"          \
+  "vpaddd %%ymm14, %[a" #m "1], %[a" #m "1]\n\t"
+#define GG_TAIL(WB, END) "add $" WB ", %[w]\n\tadd $8, %[s]\n\tcmp $" END ", %[s]\n\tjne 1b\n\t"
+#define GG_ACC(m) [a##m##0] "+x"(a[m][0]), [a##m##1] "+x"(a[m][1])
+#define GG_OUT_IN(...) : __VA_ARGS__, [w] "+r"(wp), [s] "+r"(s)
+#define GG_CONST [c] "r"(consts)
+#define GG_CLOBBER : "cc", "memory", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15"
+#define GG_ASM(BODY)                                                                      \
+  if constexpr (MR == 1) {                                                                \
+    asm volatile(BODY(GG_ROW(0)) GG_OUT_IN(GG_ACC(0)) : [x0] "r"(xr[0]), GG_CONST GG_CLOBBER); \
+  } else if constexpr (MR == 2) {                                                         \
+    asm volatile(BODY(GG_ROW(0) GG_ROW(1)) GG_OUT_IN(GG_ACC(0), GG_ACC(1))                \
+                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), GG_CONST GG_CLOBBER);                 \
+  } else if constexpr (MR == 3) {                                                         \
+    asm volatile(BODY(GG_ROW(0) GG_ROW(1) GG_ROW(2)) GG_OUT_IN(GG_ACC(0), GG_ACC(1), GG_ACC(2)) \
+                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), [x2] "r"(xr[2]), GG_CONST GG_CLOBBER); \
+  } else if constexpr (MR == 4) {                                                         \
+    asm volatile(BODY(GG_ROW(0) GG_ROW(1) GG_ROW(2) GG_ROW(3))                            \
+                 GG_OUT_IN(GG_ACC(0), GG_ACC(1), GG_ACC(2), GG_ACC(3))                    \
+                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), [x2] "r"(xr[2]), [x3] "r"(xr[3]),    \
+                   GG_CONST GG_CLOBBER);                                                  \
+  } else {                                                                                \
+    static_assert(MR == 5, "tile rows: 1..5");                                            \
+    asm volatile(BODY(GG_ROW(0) GG_ROW(1) GG_ROW(2) GG_ROW(3) GG_ROW(4))                  \
+                 GG_OUT_IN(GG_ACC(0), GG_ACC(1), GG_ACC(2), GG_ACC(3), GG_ACC(4))         \
+                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), [x2] "r"(xr[2]), [x3] "r"(xr[3]),    \
+                   [x4] "r"(xr[4]), GG_CONST GG_CLOBBER);                                 \
+  }
+
+// a[m][0 / 1] = the exact int32 dots of rows m's STEPS * 2 activations (xr[m]) with
+// columns 0-7 / 8-15 of the values at q (STEPS = 8 or 16).
+template <int MR, int STEPS, Head H>
+inline void steps_int(const int16_t* const* xr, const uint8_t* q, __m256i (&a)[MR][2]) {
+  int64_t s = 0;
+  const uint8_t* wp = q;
+  alignas(32) static const int16_t kConsts[32] = {15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15,
+                                                  15, 15, 15, 15, 15, 8, 8, 8, 8, 8, 8, 8, 8,
+                                                  8, 8, 8, 8, 8, 8, 8, 8};  // masks, offsets
+  const int16_t* consts = kConsts;
+  for (int m = 0; m < MR; ++m) a[m][0] = a[m][1] = _mm256_setzero_si256();
+#define GG_B8(ROWS) GG_H8("") ROWS GG_TAIL("64", END)
+#define GG_B8PF(ROWS) GG_H8("prefetcht0 2048(%[w])\n\t") ROWS GG_TAIL("64", END)
+#define GG_B4(ROWS) GG_H4("") ROWS GG_TAIL("32", END)
+#define GG_B4O(ROWS) GG_H4(GG_OFF8) ROWS GG_TAIL("32", END)
+  if constexpr (STEPS == 16) {
+#define END "64"
+    if constexpr (H == Head::I8) { GG_ASM(GG_B8) }
+    else if constexpr (H == Head::I8_PF) { GG_ASM(GG_B8PF) }
+    else if constexpr (H == Head::NIB) { GG_ASM(GG_B4) }
+    else { GG_ASM(GG_B4O) }
+#undef END
+  } else {
+    static_assert(STEPS == 8, "8 or 16 steps");
+#define END "32"
+    if constexpr (H == Head::I8) { GG_ASM(GG_B8) }
+    else if constexpr (H == Head::I8_PF) { GG_ASM(GG_B8PF) }
+    else if constexpr (H == Head::NIB) { GG_ASM(GG_B4) }
+    else { GG_ASM(GG_B4O) }
+#undef END
+  }
+#undef GG_B8
+#undef GG_B8PF
+#undef GG_B4
+#undef GG_B4O
+}
+#undef GG_H8
+#undef GG_H4
+#undef GG_OFF8
+#undef GG_ROW
+#undef GG_TAIL
+#undef GG_ACC
+#undef GG_OUT_IN
+#undef GG_CONST
+#undef GG_CLOBBER
+#undef GG_ASM
+#endif  // ROSEINFER_AVX2
+
+}  // namespace roseinfer

@@ -1,0 +1,47 @@
+"""A bf16 / fp16 safetensors checkpoint converted to the default int8 format keeps its
+linear weights in their dtype until each layer is converted (``factory._linear_storage``):
+no fp32 copy of the model, and bitwise the model an fp32 copy of the same values gives."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conftest_loader import tiny_llama  # noqa: E402
+from family_helpers import random_tokens, run_schedule, schedule_for  # noqa: E402
+
+from roseinfer.kernels import cpu_kernels_available  # noqa: E402
+from roseinfer.model import factory  # noqa: E402
+from roseinfer.model.loader import load_checkpoint  # noqa: E402
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.skipif(not cpu_kernels_available(), reason="int8 layers need the C++ kernels")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16bit_linears_stay_16bit_and_convert_as_fp32_would(tmp_path: Path,
+                                                             dtype: torch.dtype) -> None:
+    hf = tiny_llama(tie=False, hidden_size=128, intermediate_size=256)
+    hf.to(dtype).save_pretrained(tmp_path / "half")
+    hf.float().save_pretrained(tmp_path / "full")  # the same (16-bit) values in fp32
+    ckpt, linear_dtype = factory._linear_storage(load_checkpoint(tmp_path / "half"),
+                                                 torch.float32, CPU, "int8")
+    assert linear_dtype == dtype
+    loaded = factory._load(ckpt, torch.float32, CPU, linear_dtype)
+    assert loaded.model.layers[0].mlp.gate_up_proj.weight.dtype == dtype
+    assert loaded.model.norm.weight.dtype == torch.float32
+    assert factory._linear_storage(load_checkpoint(tmp_path / "full"), torch.float32, CPU,
+                                   "int8")[1] is None
+    assert factory._linear_storage(load_checkpoint(tmp_path / "half"), torch.float32, CPU,
+                                   "fp16")[1] is None
+    half = factory.load_model(tmp_path / "half", torch.float32, CPU, "int8", False)[0]
+    full = factory.load_model(tmp_path / "full", torch.float32, CPU, "int8", False)[0]
+    tokens = random_tokens(256, [11, 7])
+    schedule = schedule_for([[6, 4, 1], [6, 1]], [0, 1])
+    for a, b in zip(run_schedule(half, tokens, schedule), run_schedule(full, tokens, schedule),
+                    strict=True):
+        assert torch.equal(a, b)

@@ -1,0 +1,72 @@
+"""The KV pool's size (explicit, budget, or the model and machine's default) and its
+lazily backed memory on CPU (``roseinfer/runner/kv_pool.py``)."""
+
+from __future__ import annotations
+
+import logging
+
+import psutil
+import pytest
+import torch
+
+from roseinfer.config import EngineConfig
+from roseinfer.model.config import ModelConfig
+from roseinfer.runner.kv_pool import (
+    allocate_kv_caches,
+    available_memory_bytes,
+    kv_bytes_per_block,
+    num_kv_blocks,
+)
+
+MODEL = ModelConfig(architecture="LlamaForCausalLM", vocab_size=256, hidden_size=64,
+                    num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
+                    intermediate_size=128, max_position_embeddings=1024)
+F16 = torch.float16
+PER_BLOCK = kv_bytes_per_block(MODEL, 16, F16)  # 2 * 2 layers * 16 * 2 heads * 16 * 2 B
+
+
+def test_explicit_sizes_win() -> None:
+    assert PER_BLOCK == 4096
+    assert num_kv_blocks(EngineConfig(num_kv_blocks=7, kv_cache_memory_gb=1.0), MODEL, F16) == 7
+    assert num_kv_blocks(EngineConfig(kv_cache_memory_gb=1 / 1024), MODEL, F16) == 256
+
+
+def test_default_follows_sequences_and_memory(caplog: pytest.LogCaptureFixture) -> None:
+    cfg = EngineConfig(max_num_seqs=4, max_model_len=100)
+    with caplog.at_level(logging.INFO, logger="roseinfer.runner"):
+        # Plenty of memory: 4 sequences of 100 tokens = 4 * 7 blocks.
+        assert num_kv_blocks(cfg, MODEL, F16, available=1 << 30) == 28
+    assert "KV pool: 28 blocks" in caplog.text and "capped by the sequences" in caplog.text
+    # Little memory: half of 40 blocks' bytes.
+    assert num_kv_blocks(cfg, MODEL, F16, available=40 * PER_BLOCK) == 20
+    frac = EngineConfig(max_num_seqs=4, max_model_len=100, kv_cache_memory_fraction=0.25)
+    assert num_kv_blocks(frac, MODEL, F16, available=40 * PER_BLOCK) == 10
+    # Without max_model_len: the model's context (1,024 tokens = 64 blocks per sequence).
+    assert num_kv_blocks(EngineConfig(max_num_seqs=2), MODEL, F16, available=1 << 30) == 128
+    # Under tensor parallelism every rank holds a pool: the memory is shared.
+    tp = EngineConfig(max_num_seqs=4, max_model_len=100, tensor_parallel_size=2)
+    assert num_kv_blocks(tp, MODEL, F16, available=40 * PER_BLOCK) == 10
+    assert 0 < available_memory_bytes() <= psutil.virtual_memory().total
+
+
+def test_config_validation() -> None:
+    assert EngineConfig().kv_cache_memory_gb is None
+    for bad in (0.0, -1.0, 1.5):
+        with pytest.raises(ValueError, match="kv_cache_memory_fraction"):
+            EngineConfig(kv_cache_memory_fraction=bad)
+    with pytest.raises(ValueError, match="kv_cache_memory_gb"):
+        EngineConfig(kv_cache_memory_gb=0.0)
+
+
+def test_cpu_pool_is_zero_and_backed_as_written() -> None:
+    """A 512 MiB pool costs (almost) nothing until blocks are written."""
+    blocks = (256 << 20) // (PER_BLOCK // 2)  # per layer: 256 MiB
+    proc = psutil.Process()
+    before = proc.memory_info().rss
+    caches = allocate_kv_caches(MODEL, blocks, 16, F16, torch.device("cpu"))
+    assert len(caches) == 2 and caches[0].shape == (2, blocks * 16, 2, 16)
+    assert caches[0].dtype == F16 and caches[0].is_contiguous()
+    assert proc.memory_info().rss - before < (32 << 20)
+    caches[1][0, :4096].fill_(1.5)  # 128 KiB written
+    assert caches[1][0, :4096].eq(1.5).all() and caches[1][1, :8].eq(0).all()
+    assert proc.memory_info().rss - before < (64 << 20)
