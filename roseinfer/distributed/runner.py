@@ -80,7 +80,7 @@ class TensorParallelRunner:
             raise ValueError(f"tensor_parallel_size={size} on {device} needs "
                              f"{(device.index or 0) + size} CUDA devices, "
                              f"{torch.cuda.device_count()} present")
-        num_blocks = num_kv_blocks(config, plan.rank_config(0), kv_dtype)
+        num_blocks = num_kv_blocks(config, plan.rank_config(0), kv_dtype, device=device)
         local = size - 1 if config.distributed_local_workers is None else \
             config.distributed_local_workers
         secret = group_secret(remote=local < size - 1)

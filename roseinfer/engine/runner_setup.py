@@ -58,6 +58,6 @@ def build_runner(
         from roseinfer.model.quantize import quantize_model
 
         quantize_model(model, quantization)  # no-op when load_model converted it
-    num_blocks = num_kv_blocks(config, model_config, kv_dtype)
+    num_blocks = num_kv_blocks(config, model_config, kv_dtype, device=device)
     runner = ModelRunner(model, model_config, num_blocks, config.block_size, kv_dtype, device)
     return runner, model_config, tokenizer

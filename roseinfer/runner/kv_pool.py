@@ -9,7 +9,8 @@ Size (``num_kv_blocks``), first match wins:
   memory still available once the weights are loaded (``MemAvailable`` of
   /proc/meminfo, less the file pages this process maps, e.g. GGUF weights used from
   the mmapped file, which the kernel would count as reclaimable), capped by what
-  ``max_num_seqs`` sequences of ``max_model_len`` tokens can use.  Logged at start.
+  ``max_num_seqs`` sequences of ``max_model_len`` tokens can use (on a CUDA device: a
+  fraction of that device's free memory).  Logged at start.
 
 On CPU the pool's memory is an anonymous mapping per layer (``allocate_kv_caches``):
 zero pages the kernel only backs when a block is first written, so a large default
@@ -60,10 +61,19 @@ def available_memory_bytes() -> int:
     return max(0, (avail - mapped) * 1024)
 
 
+def available_device_bytes(device: torch.device | None) -> int:
+    """Free memory where the pool will live: the accelerator's own (``mem_get_info``) for a
+    CUDA device, else this machine's (``available_memory_bytes``)."""
+    if device is not None and device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    return available_memory_bytes()
+
+
 def num_kv_blocks(config: EngineConfig, model_config: ModelConfig, kv_dtype: torch.dtype,
-                  available: int | None = None) -> int:
+                  available: int | None = None, device: torch.device | None = None) -> int:
     """The KV pool size in blocks (module docstring; under tensor parallelism: rank 0's
-    blocks, the largest).  ``available``: bytes, instead of measuring them."""
+    blocks, the largest).  ``available``: bytes, instead of measuring them on ``device``
+    (a CUDA device's free memory, else the machine's)."""
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
     per_block = kv_bytes_per_block(model_config, config.block_size, kv_dtype)
@@ -72,7 +82,7 @@ def num_kv_blocks(config: EngineConfig, model_config: ModelConfig, kv_dtype: tor
     ctx = model_config.max_position_embeddings
     max_len = min(config.max_model_len or ctx, ctx)
     wanted = config.max_num_seqs * math.ceil(max_len / config.block_size)
-    free = available_memory_bytes() if available is None else available
+    free = available_device_bytes(device) if available is None else available
     free //= config.tensor_parallel_size  # every rank holds a pool of this many blocks
     fits = int(config.kv_cache_memory_fraction * free) // per_block
     blocks = max(1, min(wanted, fits))

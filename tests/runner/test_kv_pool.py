@@ -70,3 +70,13 @@ def test_cpu_pool_is_zero_and_backed_as_written() -> None:
     caches[1][0, :4096].fill_(1.5)  # 128 KiB written
     assert caches[1][0, :4096].eq(1.5).all() and caches[1][1, :8].eq(0).all()
     assert proc.memory_info().rss - before < (64 << 20)
+
+
+def test_default_pool_on_cuda_is_sized_by_the_device_memory(monkeypatch) -> None:
+    """A CUDA pool takes its share of the device's free memory, not of the host's."""
+    from roseinfer.runner import kv_pool
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1 << 30, 2 << 30))
+    monkeypatch.setattr(kv_pool, "available_memory_bytes", lambda: 1 << 40)
+    assert kv_pool.available_device_bytes(torch.device("cuda", 0)) == 1 << 30
+    assert kv_pool.available_device_bytes(torch.device("cpu")) == 1 << 40
