@@ -1,7 +1,8 @@
 // Per-format block decoders of the GGUF GEMM (gguf_gemm.h): one 32-block of a packed
 // panel (gguf_formats.h) -> its 16 columns' integers v = q - offset as int8 in the order
 // the int16 GEMM reads them (byte (k/2) * 32 + 2c + k%2) and their fp32 scales D0 / D1
-// and minimum terms M.  decode_scalar and decode_avx2 give the same bytes and floats
+// and minimum terms M (decode_avx2: only 5-bit values are decoded; the others' qp points
+// at the panel, widened in registers by gguf_tiles.h).  decode_scalar and decode_avx2 give the same bytes and floats
 // (integer bit moves; D = d * sc and M = -(dmin * mn) as the same fp32 products).
 #pragma once
 
@@ -14,8 +15,8 @@ namespace roseinfer {
 struct alignas(64) DBlock {
   int8_t q[512];  // the integers (unused by Q8_0, whose qp points at its panel)
   float d0[16], d1[16], m[16];
-  // The integers the GEMM reads: q or Q8_0's panel; decode_avx2 of a 4-bit format: the
-  // panel's nibbles (gguf_tiles.h widens them in registers).
+  // The integers the GEMM reads: q or Q8_0's panel; decode_avx2 of a 4- or 6-bit format:
+  // the panel's nibbles / Q6_K words (gguf_tiles.h widens them in registers).
   const uint8_t* qp = nullptr;
 };
 
@@ -47,25 +48,19 @@ inline __m256i shift16(__m256i v) {
   else return v;
 }
 
-// Steps 2T, 2T+1 of a 5- or 6-bit block (the nibbles and high bits at nib / hi, a
-// panel's layout) minus OFF into out (the GEMM's int8 order).
+// Steps 2T, 2T+1 of a 5-bit block (the nibbles and high bits at nib / hi, a panel's
+// layout) minus OFF into out (the GEMM's int8 order).
 template <int BITS, int OFF, int T>
 inline void decode_pair(const uint8_t* nib, const uint8_t* hi, int8_t* out) {
   const __m256i low4 = _mm256_set1_epi8(15);
   const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(nib + 32 * T));
   __m256i w[2] = {_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_srli_epi16(v, 4), low4)};
-  constexpr int kGroup = BITS == 5 ? 8 : 4;  // steps per 32 bytes of high bits
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi + 32 * (2 * T / kGroup)));
-  constexpr int u0 = (2 * T) % kGroup;
-  if constexpr (BITS == 5) {
-    const __m256i bit4 = _mm256_set1_epi8(0x10);
-    w[0] = _mm256_or_si256(w[0], _mm256_and_si256(shift16<4 - u0>(h), bit4));
-    w[1] = _mm256_or_si256(w[1], _mm256_and_si256(shift16<3 - u0>(h), bit4));
-  } else {
-    const __m256i bits45 = _mm256_set1_epi8(0x30);
-    w[0] = _mm256_or_si256(w[0], _mm256_and_si256(shift16<4 - 2 * u0>(h), bits45));
-    w[1] = _mm256_or_si256(w[1], _mm256_and_si256(shift16<2 - 2 * u0>(h), bits45));
-  }
+  static_assert(BITS == 5, "6-bit values are widened in registers (gguf_tiles.h)");
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi + 32 * (2 * T / 8)));
+  constexpr int u0 = (2 * T) % 8;  // 8 steps per 32 bytes of high bits
+  const __m256i bit4 = _mm256_set1_epi8(0x10);
+  w[0] = _mm256_or_si256(w[0], _mm256_and_si256(shift16<4 - u0>(h), bit4));
+  w[1] = _mm256_or_si256(w[1], _mm256_and_si256(shift16<3 - u0>(h), bit4));
   for (int i = 0; i < 2; ++i) {
     if constexpr (OFF != 0) w[i] = _mm256_sub_epi8(w[i], _mm256_set1_epi8(static_cast<char>(OFF)));
     _mm256_store_si256(reinterpret_cast<__m256i*>(out + 64 * T + 32 * i), w[i]);
@@ -102,6 +97,8 @@ inline void decode_avx2(const uint8_t* psb, int jj, DBlock& o) {
     o.qp = psb + jj * 512;
   } else if constexpr (F::BITS == 4) {
     o.qp = psb + jj * 256;
+  } else if constexpr (F::BITS == 6) {
+    o.qp = psb + jj * 384;
   } else {
     const uint8_t* hi = psb + F::Ints::kNib + jj * F::Ints::kHiPer;
     decode_pairs<F::BITS, F::OFFSET>(psb + jj * 256, hi, o.q, std::make_integer_sequence<int, 8>{});

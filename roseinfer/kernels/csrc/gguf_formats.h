@@ -26,8 +26,12 @@
 //           and of step 2t+1 (high nibble);
 //   5 bits: the nibbles of every block, then 64 bytes per block: bit u of byte 32g + b =
 //           bit 4 of I8 byte b of step 8g + u;
-//   6 bits: the nibbles, then 128 bytes per block: bits 2u, 2u+1 of byte 32g + b =
-//           bits 4, 5 of I8 byte b of step 4g + u.
+//   6 bits (Q6_K): 384 bytes per block, per 16-value half h and 8-column half P (I8
+//           bytes b = 16P + L) three 16-bit words w0..w2 per lane L at 192h + 96P +
+//           32i + 2L holding the unsigned q of steps 8h + t (t = 0..7) of I8 byte b:
+//           t = 0 / 2 / 4 in bits 0-5 of w0 / w1 / w2, t = 1 / 3 / 5 in their bits
+//           10-15, t = 6 / 7: low 4 bits in bits 6-9 of w0 / w1, high 2 in bits 6-7 /
+//           8-9 of w2 (one load and one AND or shift per step for six of eight steps).
 // Scales (per column c): Q8_0 / Q4_0 / Q5_0: d[16] fp16; Q5_1: d[16], m[16];
 // Q4_K / Q5_K: d[16], dmin[16], then the 12 scale bytes as planes (byte 64 + 16 i + c
 // of the region = scales[i] of column c); Q6_K: sc[16 sub][16 columns] int8, then d[16].
@@ -83,28 +87,50 @@ struct BlockScales {
 template <int BITS, int NB>
 struct IntLayout {
   static constexpr int64_t kNib = NB * 256;
-  static constexpr int64_t kHiPer = BITS == 5 ? 64 : BITS == 6 ? 128 : 0;
-  static constexpr int64_t kBytes = BITS == 8 ? NB * 512 : kNib + NB * kHiPer;
+  static constexpr int64_t kHiPer = BITS == 5 ? 64 : 0;
+  static constexpr int64_t kBytes = BITS == 8 ? NB * 512 : BITS == 6 ? NB * 384 : kNib + NB * kHiPer;
+  // 6 bits: (word, bit) of the low 6 (or 4) bits of step t of a half, and (word, bit)
+  // of the high 2 of t = 6 / 7.
+  static constexpr int kW6[8] = {0, 0, 1, 1, 2, 2, 0, 1}, kB6[8] = {0, 10, 0, 10, 0, 10, 6, 6};
+  static int64_t at6(int j, int s, int b, int w) {
+    return j * 384 + (s / 8) * 192 + (b / 16) * 96 + w * 32 + 2 * (b % 16);
+  }
+  static int word6(const uint8_t* r, int j, int s, int b, int w) {
+    return r[at6(j, s, b, w)] | (r[at6(j, s, b, w) + 1] << 8);
+  }
+  static void or6(uint8_t* r, int j, int s, int b, int w, int bits) {
+    r[at6(j, s, b, w)] |= static_cast<uint8_t>(bits & 255);
+    r[at6(j, s, b, w) + 1] |= static_cast<uint8_t>(bits >> 8);
+  }
   static void put(uint8_t* r, int c, int e, int v) {
     const int j = e / 32, k = e % 32, s = k / 2, b = 2 * c + (k & 1);
     if constexpr (BITS == 8) {
       r[j * 512 + s * 32 + b] = static_cast<uint8_t>(v);
+    } else if constexpr (BITS == 6) {
+      const int t = s % 8;
+      if (t < 6) {
+        or6(r, j, s, b, kW6[t], (v & 63) << kB6[t]);
+      } else {
+        or6(r, j, s, b, kW6[t], (v & 15) << 6);
+        or6(r, j, s, b, 2, ((v >> 4) & 3) << (t == 6 ? 6 : 8));
+      }
     } else {
       r[j * 256 + (s / 2) * 32 + b] |= static_cast<uint8_t>((v & 15) << ((s & 1) * 4));
       if constexpr (BITS == 5)
         r[kNib + j * 64 + (s / 8) * 32 + b] |= static_cast<uint8_t>(((v >> 4) & 1) << (s % 8));
-      if constexpr (BITS == 6)
-        r[kNib + j * 128 + (s / 4) * 32 + b] |= static_cast<uint8_t>(((v >> 4) & 3) << (2 * (s % 4)));
     }
   }
   static int get(const uint8_t* r, int c, int e) {
     const int j = e / 32, k = e % 32, s = k / 2, b = 2 * c + (k & 1);
     if constexpr (BITS == 8) {
       return static_cast<int8_t>(r[j * 512 + s * 32 + b]);
+    } else if constexpr (BITS == 6) {
+      const int t = s % 8;
+      if (t < 6) return (word6(r, j, s, b, kW6[t]) >> kB6[t]) & 63;
+      return ((word6(r, j, s, b, kW6[t]) >> 6) & 15) | (((word6(r, j, s, b, 2) >> (t == 6 ? 6 : 8)) & 3) << 4);
     } else {
       int v = (r[j * 256 + (s / 2) * 32 + b] >> ((s & 1) * 4)) & 15;
       if constexpr (BITS == 5) v |= ((r[kNib + j * 64 + (s / 8) * 32 + b] >> (s % 8)) & 1) << 4;
-      if constexpr (BITS == 6) v |= ((r[kNib + j * 128 + (s / 4) * 32 + b] >> (2 * (s % 4))) & 3) << 4;
       return v;
     }
   }

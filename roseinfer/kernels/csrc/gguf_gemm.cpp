@@ -89,45 +89,70 @@ inline void scale_min_add(float* acc, const __m256i (&a)[MR][2], const float* dx
 }
 
 // Rows [0, MR) (xq rows of stride K) x decoded blocks [j0, j0 + nb) into acc [MR][16].
-template <class F, int MR>
-void tile_blocks(const int16_t* xq, const float* dx, const float* sx, int64_t K,
-                 const DBlock* blk, int64_t j0, int64_t nb, float* acc) {
-  const int64_t KB = K / 32;
-  static_assert(F::HALVES == 1 || !F::kMin, "a minimum term per 32-block only");
-  // Q8_0 and the 4-bit formats read their packed weights, the others decoded blocks.
-  constexpr Head kHead = F::BITS == 8   ? Head::I8_PF
-                         : F::BITS == 4 ? (F::OFFSET == 8 ? Head::NIB_OFF8 : Head::NIB)
-                                        : Head::I8;
-  constexpr int64_t kHalfBytes = F::BITS == 4 ? 128 : 256;  // 8 steps
+// Q6_K: per 16-value half the dots with the unsigned q, minus so (32 * the half's
+// activation sum: exactly the dots with q - 32), then scaled.
+template <int MR>
+void tile_q6k(const int16_t* xq, const float* dx, const int32_t* so, int64_t K,
+              const DBlock* blk, int64_t j0, int64_t nb, float* acc) {
+  const int64_t KB = K / 32, KH = K / 16;
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t j = j0 + b;
     const DBlock& o = blk[b];
-    const int16_t* xr[MR];
-    for (int m = 0; m < MR; ++m) xr[m] = xq + m * K + j * 32;
-    __m256i a[MR][2];
-    if constexpr (F::HALVES == 1) {
+    for (int h = 0; h < 2; ++h) {
+      const int16_t* xr[MR];
+      for (int m = 0; m < MR; ++m) xr[m] = xq + m * K + j * 32 + 16 * h;
+      __m256i a[MR][2];
+      q6k_half<MR>(xr, o.qp + 192 * h, a);
+      const float* d = h ? o.d1 : o.d0;
+      const __m256 d0 = _mm256_loadu_ps(d), d1 = _mm256_loadu_ps(d + 8);
+      for (int m = 0; m < MR; ++m) {
+        const __m256i off = _mm256_set1_epi32(so[m * KH + 2 * j + h]);
+        const __m256 sc = _mm256_set1_ps(dx[m * KB + j]);
+        float* ar = acc + m * 16;
+        const __m256 i0 = _mm256_cvtepi32_ps(_mm256_sub_epi32(a[m][0], off));
+        const __m256 i1 = _mm256_cvtepi32_ps(_mm256_sub_epi32(a[m][1], off));
+        _mm256_store_ps(ar, _mm256_fmadd_ps(i0, _mm256_mul_ps(sc, d0), _mm256_load_ps(ar)));
+        _mm256_store_ps(ar + 8, _mm256_fmadd_ps(i1, _mm256_mul_ps(sc, d1), _mm256_load_ps(ar + 8)));
+      }
+    }
+  }
+}
+
+template <class F, int MR>
+void tile_blocks(const int16_t* xq, const float* dx, const float* sx, const int32_t* so,
+                 int64_t K, const DBlock* blk, int64_t j0, int64_t nb, float* acc) {
+  if constexpr (F::BITS == 6) {
+    tile_q6k<MR>(xq, dx, so, K, blk, j0, nb, acc);
+  } else {
+    const int64_t KB = K / 32;
+    static_assert(F::HALVES == 1, "two scales per 32-block: Q6_K only");
+    // Q8_0 and the 4-bit formats read their packed weights, 5-bit ones decoded blocks.
+    constexpr Head kHead = F::BITS == 8   ? Head::I8_PF
+                           : F::BITS == 4 ? (F::OFFSET == 8 ? Head::NIB_OFF8 : Head::NIB)
+                                          : Head::I8;
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t j = j0 + b;
+      const DBlock& o = blk[b];
+      const int16_t* xr[MR];
+      for (int m = 0; m < MR; ++m) xr[m] = xq + m * K + j * 32;
+      __m256i a[MR][2];
       steps_int<MR, 16, kHead>(xr, o.qp, a);
       if constexpr (F::kMin) scale_min_add<MR>(acc, a, dx, sx, KB, j, o.d0, o.m);
       else scale_add<MR>(acc, a, dx, KB, j, o.d0);
-    } else {
-      steps_int<MR, 8, kHead>(xr, o.qp, a);
-      scale_add<MR>(acc, a, dx, KB, j, o.d0);
-      for (int m = 0; m < MR; ++m) xr[m] += 16;
-      steps_int<MR, 8, kHead>(xr, o.qp + kHalfBytes, a);
-      scale_add<MR>(acc, a, dx, KB, j, o.d1);
     }
   }
 }
 
 template <class F>
-void tile_rows(int64_t mr, const int16_t* xq, const float* dx, const float* sx, int64_t K,
-               const DBlock* blk, int64_t j0, int64_t nb, float* acc) {
+void tile_rows(int64_t mr, const int16_t* xq, const float* dx, const float* sx,
+               const int32_t* so, int64_t K, const DBlock* blk, int64_t j0, int64_t nb,
+               float* acc) {
   switch (mr) {
-    case 1: tile_blocks<F, 1>(xq, dx, sx, K, blk, j0, nb, acc); break;
-    case 2: tile_blocks<F, 2>(xq, dx, sx, K, blk, j0, nb, acc); break;
-    case 3: tile_blocks<F, 3>(xq, dx, sx, K, blk, j0, nb, acc); break;
-    case 4: tile_blocks<F, 4>(xq, dx, sx, K, blk, j0, nb, acc); break;
-    default: tile_blocks<F, 5>(xq, dx, sx, K, blk, j0, nb, acc); break;
+    case 1: tile_blocks<F, 1>(xq, dx, sx, so, K, blk, j0, nb, acc); break;
+    case 2: tile_blocks<F, 2>(xq, dx, sx, so, K, blk, j0, nb, acc); break;
+    case 3: tile_blocks<F, 3>(xq, dx, sx, so, K, blk, j0, nb, acc); break;
+    case 4: tile_blocks<F, 4>(xq, dx, sx, so, K, blk, j0, nb, acc); break;
+    default: tile_blocks<F, 5>(xq, dx, sx, so, K, blk, j0, nb, acc); break;
   }
 }
 
@@ -136,7 +161,8 @@ void tile_rows(int64_t mr, const int16_t* xq, const float* dx, const float* sx, 
 // their share into its accumulators (acc [chunk rows][16]).
 template <class F>
 void panels_avx2(const GgufPanels& g, const int16_t* xq, const float* dx, const float* sx,
-                 int64_t M, int64_t p0, int64_t p1, const float* bias, float* y, int64_t ldy) {
+                 const int32_t* so, int64_t M, int64_t p0, int64_t p1, const float* bias,
+                 float* y, int64_t ldy) {
   const int64_t K = g.K, KB = K / 32, BPS = F::E / 32;
   constexpr int64_t kGroup = 8;  // 32-blocks per decoded group (K % 256 == 0 for K-quants)
   DBlock* blk = decode_buffer(kGroup);
@@ -160,7 +186,8 @@ void panels_avx2(const GgufPanels& g, const int16_t* xq, const float* dx, const 
           decode_avx2<F>(panel + (j / BPS) * F::kPanel, static_cast<int>(j % BPS), blk[b]);
         }
         for_row_tiles(c0, c1, kMaxSmallRows, [&](int64_t m, int64_t mr) {
-          tile_rows<F>(mr, xq + m * K, dx + m * KB, sx + m * KB, K, blk, j0, nb, acc + (m - c0) * 16);
+          tile_rows<F>(mr, xq + m * K, dx + m * KB, sx + m * KB, so ? so + m * (K / 16) : nullptr,
+                       K, blk, j0, nb, acc + (m - c0) * 16);
         });
       }
       store_tile(acc, c1 - c0, n0, nc, bias, y + c0 * ldy, ldy);
@@ -174,9 +201,19 @@ void run_format(const GgufPanels& g, const int16_t* xq, const float* dx, const f
                 int64_t M, const float* bias, float* y, int64_t ldy, bool portable) {
   const int64_t NP = (g.N + 15) / 16;
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 17) / (M * g.K * 16));
+  // Q6_K (AVX2): 32 * each 16 activations' exact sum, taken from the dots with q.
+  std::vector<int32_t> so;
+  if (F::BITS == 6 && !portable) {
+    so.resize(M * (g.K / 16));
+    for (int64_t i = 0; i < M * (g.K / 16); ++i) {
+      int32_t t = 0;
+      for (int k = 0; k < 16; ++k) t += xq[i * 16 + k];
+      so[i] = 32 * t;
+    }
+  }
   at::parallel_for(0, NP, grain, [&](int64_t p0, int64_t p1) {
 #ifdef ROSEINFER_AVX2
-    if (!portable) return panels_avx2<F>(g, xq, dx, sx, M, p0, p1, bias, y, ldy);
+    if (!portable) return panels_avx2<F>(g, xq, dx, sx, so.empty() ? nullptr : so.data(), M, p0, p1, bias, y, ldy);
 #endif
     panels_scalar<F>(g, xq, dx, sx, M, p0, p1, bias, y, ldy);
   });

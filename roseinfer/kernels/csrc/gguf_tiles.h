@@ -99,6 +99,43 @@ inline void steps_int(const int16_t* const* xr, const uint8_t* q, __m256i (&a)[M
 #undef GG_B4
 #undef GG_B4O
 }
+
+// Q6_K: a 16-value half (8 steps) of one 32-block for MR rows x 16 columns from the
+// panel's words at w (gguf_formats.h, 6 bits: 192 bytes): per step and 8-column half,
+// the unsigned q widened in registers (steps 0-5: one load and one AND / shift, three
+// iterations of two steps; then 6-7: two of each and an OR), the rows as in steps_int.  a: the exact dots
+// with q (the caller subtracts 32 * the activations' sum: q - 32).
+#define Q6_LO(O, R) "vmovdqu " O "(%[w]), %%ymm" R "\n\tvpand (%[c]), %%ymm" R ", %%ymm" R "\n\t"
+#define Q6_HI(O, R) "vmovdqu " O "(%[w]), %%ymm" R "\n\tvpsrlw $10, %%ymm" R ", %%ymm" R "\n\t"
+#define Q6_MID(O, O2, SH, R)                                                              \
+  "vmovdqu " O "(%[w]), %%ymm" R "\n\tvpsrlw $6, %%ymm" R ", %%ymm" R "\n\t"                \
+  "vpand 32(%[c]), %%ymm" R ", %%ymm" R "\n\tvmovdqu " O2 "(%[w]), %%ymm14\n\t"             \
+  "vpsrlw $" SH ", %%ymm14, %%ymm14\n\tvpand 64(%[c]), %%ymm14, %%ymm14\n\t"                \
+  "vpor %%ymm14, %%ymm" R ", %%ymm" R "\n\t"
+#define Q6_BODY(ROWS)                                                                     \
+  "prefetcht0 1536(%[w])\n\tprefetcht0 1600(%[w])\n\tprefetcht0 1664(%[w])\n\t"             \
+  "1:\n\t" Q6_LO("0", "12") Q6_LO("96", "13") Q6_HI("0", "10") Q6_HI("96", "11") ROWS         \
+  "add $32, %[w]\n\tadd $8, %[s]\n\tcmp $24, %[s]\n\tjne 1b\n\t"                               \
+  Q6_MID("-96", "-32", "2", "12") Q6_MID("0", "64", "2", "13")                                \
+  Q6_MID("-64", "-32", "4", "10") Q6_MID("32", "64", "4", "11") ROWS
+
+template <int MR>
+inline void q6k_half(const int16_t* const* xr, const uint8_t* q, __m256i (&a)[MR][2]) {
+  int64_t s = 0;
+  const uint8_t* wp = q;
+  alignas(32) static const int16_t kMasks[48] = {
+      63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63,
+      15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15,
+      48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48};
+  const int16_t* consts = kMasks;
+  for (int m = 0; m < MR; ++m) a[m][0] = a[m][1] = _mm256_setzero_si256();
+  GG_ASM(Q6_BODY)
+}
+#undef Q6_LO
+#undef Q6_HI
+#undef Q6_MID
+#undef Q6_BODY
+
 #undef GG_H8
 #undef GG_H4
 #undef GG_OFF8
