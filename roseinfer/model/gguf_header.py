@@ -133,6 +133,16 @@ class _Reader:
         return strings
 
 
+def map_file(path: Path) -> mmap.mmap:
+    """A read-only mapping of the file at ``path``; an empty file (which ``mmap`` cannot
+    map) is the same ``ValueError`` as any other malformed header, naming the file."""
+    with open(path, "rb") as f:
+        try:
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError as exc:  # "cannot mmap an empty file"
+            raise ValueError(f"{path}: malformed GGUF header: the file is empty") from exc
+
+
 def parse_header(mm: mmap.mmap, path: Path) -> tuple[dict[str, Any], dict[str, GGUFTensorInfo]]:
     """(metadata, tensors by name) of the GGUF file mapped in ``mm``; ValueError naming the
     file and the field for anything malformed."""

@@ -13,7 +13,6 @@ values undone (Q/K row permutation, Gemma's ``1 + weight`` norms, GPT-2's transp
 from __future__ import annotations
 
 import logging
-import mmap
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -28,6 +27,7 @@ from roseinfer.model.config import ModelConfig
 from roseinfer.model.gguf_arch import ROPE_TENSORS, gguf_model_config, hf_name, to_hf_tensor
 from roseinfer.model.gguf_arch import llama3_rope_factors as llama3_rope_factors  # re-export
 from roseinfer.model.gguf_header import GGUFTensorInfo as GGUFTensorInfo  # re-export
+from roseinfer.model.gguf_header import map_file
 from roseinfer.model.gguf_header import parse_header as _parse_header
 from roseinfer.model.loader import Checkpoint
 
@@ -47,8 +47,7 @@ class GGUFFile:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        with open(self.path, "rb") as f:
-            self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self._mm = map_file(self.path)
         self.metadata, self.tensors = _parse_header(self._mm, self.path)
 
     @property

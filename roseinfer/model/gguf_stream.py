@@ -42,6 +42,7 @@ from torch import Tensor, nn
 from roseinfer.model.config import ModelConfig
 from roseinfer.model.gguf_arch import ROPE_TENSORS, gguf_model_config, hf_name, to_hf_tensor
 from roseinfer.model.gguf_embedding import GGUFEmbedding
+from roseinfer.model.gguf_header import map_file
 from roseinfer.model.gguf_loader import GGUFFile, GGUFTensorInfo
 from roseinfer.model.llama import LlamaForCausalLM
 from roseinfer.model.quantize import (
@@ -108,8 +109,7 @@ class _RawFile:
     """A read-only mapping of the GGUF: raw tensor views and page release."""
 
     def __init__(self, path: Path) -> None:
-        with open(path, "rb") as f:
-            self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self.mm = map_file(path)
 
     def rows(self, info: GGUFTensorInfo) -> Tensor:
         """uint8 [rows, row bytes], a view of the file (no copy, nothing read yet)."""

@@ -209,3 +209,10 @@ def test_default_model_header_parses_fast() -> None:
             best = min(best, time.perf_counter() - start)
             del metadata, tensors
     assert best < 1.0, best  # ~0.15 s measured on 2 shared cores (GGUFReader: ~4 s)
+
+
+def test_an_empty_file_is_the_same_error(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.gguf"
+    empty.write_bytes(b"")
+    with pytest.raises(ValueError, match="empty.gguf: malformed GGUF header: the file is empty"):
+        GGUFFile(empty)
