@@ -34,9 +34,10 @@ REBIND_HOST = "rebind.attacker.example:8000"
 @dataclass
 class HostileOptions:
     stalled: int = 2  # concurrent never-reading streams
-    # n x max_tokens events with 20 logprobs each (~1.5 KB): ~12 MB, past the up to 4 MiB
-    # a kernel's send buffer takes (tcp_wmem) before the server's send() has to wait
-    stalled_n: int = 8
+    # n x max_tokens events with 20 logprobs each (~1.5 KB): ~3 MB, well past the ~0.6 MB
+    # (256 KiB send buffer, doubled by the kernel, plus the transport's 64 KiB) the
+    # server takes before a stalled client's send() has to wait (server/conn_limits.py)
+    stalled_n: int = 2
     stalled_max_tokens: int = 1024
     hold_s: float = 60.0  # a stalled socket is closed (and replaced) after this long
     slow_headers: int = 8  # concurrent slow-header connections
