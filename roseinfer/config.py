@@ -18,7 +18,7 @@ class EngineConfig:
     model: str | None = None  # HF dir, .gguf or .pt; None = bundled SmolLM2-135M-Instruct
     dtype: str = "float32"  # compute / KV-cache dtype
     device: str = "cpu"  # "cpu", "cuda", "cuda:0", or "auto"
-    # Weight format (README, Performance, has the quality gate of each):
+    # Weight format (docs/performance.md, has the quality gate of each):
     #   "none": exact fp32;  "fp16": fp16 weights, fp32 math (fbgemm);
     #   "fp16+bf16": fp16 for GEMMs under 32 rows plus a bf16 copy for larger ones
     #     (prefill chunks, big decode batches: 2x the rate on AVX512-BF16 CPUs);
@@ -53,11 +53,11 @@ class EngineConfig:
     # "prompt_lookup_max": N, "prompt_lookup_min": n}; always a SpeculativeConfig after
     # construction (roseinfer/speculative_config.py).
     speculative_config: SpeculativeConfig | Mapping[str, Any] | str | None = None
-    # Weight cache (README, Startup): keep the converted weights (and a GGUF's converted
+    # Weight cache (docs/performance.md, Startup): keep the converted weights (and a GGUF's converted
     # tokenizer) under $ROSEINFER_CACHE_DIR (~/.cache/roseinfer) so later starts skip the
     # conversion. None = on unless $ROSEINFER_WEIGHT_CACHE=0; False = off.
     weight_cache: bool | None = None
-    # Tensor parallelism (README, Tensor parallel; roseinfer/distributed): the model's
+    # Tensor parallelism (docs/scaling-out.md, Tensor parallel; roseinfer/distributed): the model's
     # heads, MLP channels and vocabulary split over this many processes (rank 0 = this
     # one, ranks 1.. spawned), gloo on CPU, NCCL on CUDA (cuda:<index + rank>).
     tensor_parallel_size: int = 1

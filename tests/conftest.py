@@ -12,7 +12,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# The weight cache (README, Startup) of this test session: not the user's, and shared
+# The weight cache (docs/performance.md, Startup) of this test session: not the user's, and shared
 # by the servers the tests start (they inherit the environment).
 os.environ.setdefault("ROSEINFER_CACHE_DIR", tempfile.mkdtemp(prefix="roseinfer-test-cache-"))
 

@@ -1,4 +1,4 @@
-"""Tensor parallelism: one model split over N processes (README, Tensor parallel).
+"""Tensor parallelism: one model split over N processes (docs/scaling-out.md, Tensor parallel).
 
 Rank 0 is the engine's own process: it keeps the scheduler, sampler and detokenizers
 and holds shard 0; ranks 1..N-1 are worker processes (``worker``) that only run their

@@ -13,7 +13,7 @@ starts in their environment (``ROSEINFER_TP_SECRET``, never the command line); w
 on other hosts the operator sets the same ``ROSEINFER_TP_SECRET`` for rank 0 and for each
 ``roseinfer tp-worker`` (or gives the worker ``--secret-file``).
 
-What this does not stop (README, Tensor parallel): a party that reaches the port can still
+What this does not stop (docs/scaling-out.md, Tensor parallel): a party that reaches the port can still
 delete or overwrite keys, or connect and say nothing - the start fails or times out
 (denial of service).  It cannot run code in a rank, change the model, the plan or any
 other field of the spec, or claim that a rank is ready or failed.

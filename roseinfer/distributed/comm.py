@@ -25,7 +25,7 @@ sum to every other and adds all of them in rank order, so the result is bitwise 
 same on every rank and row-local (a ring all-reduce's order would depend on the
 buffer's size, i.e. on the batch).  It is also cheaper here: in a tight loop gloo's
 all-reduce of a decode step's [1, 576] took ~2 ms on 2 cores, a send/recv pair ~0.15 ms;
-between layers' compute both pay ~1 ms of gloo's thread wake-ups (README, Tensor
+between layers' compute both pay ~1 ms of gloo's thread wake-ups (docs/scaling-out.md, Tensor
 parallel).  NCCL's all-reduce is used as it is on CUDA (identical on every rank; batch
 invariance is not promised off the CPU kernels).  The logits' vocabulary columns reach
 rank 0 by point-to-point messages too.

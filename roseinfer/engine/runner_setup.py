@@ -47,7 +47,7 @@ def build_runner(
     if model is None:
         from roseinfer.model.factory import load_model
 
-        # Converted to ``quantization``, through the weight cache (README, Startup).
+        # Converted to ``quantization``, through the weight cache (docs/performance.md, Startup).
         model, model_config, source = load_model(config.model, dtype, device, quantization,
                                                  config.weight_cache)
         tokenizer = tokenizer or Tokenizer.from_model_path(source, config.weight_cache)

@@ -1,7 +1,7 @@
 """Who can take part in a tensor-parallel group: rank 0's store listens on the init
 method's address only, and nothing read from it is used unless it is signed with the
 group's secret - a pickle or a forged spec never runs, a wrong secret is refused on both
-sides, forged readiness is refused (README, Tensor parallel: what an attacker can still
+sides, forged readiness is refused (docs/scaling-out.md, Tensor parallel: what an attacker can still
 do)."""
 
 from __future__ import annotations
