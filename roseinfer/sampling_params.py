@@ -13,7 +13,7 @@ from functools import cached_property
 from roseinfer.engine.stop_strings import StopStrings
 from roseinfer.structured_outputs import StructuredOutputsParams
 
-# Documented bounds (docs/serving.md, "Limits"); the HTTP layer uses the same numbers.
+# Documented bounds (docs/reliability.md, "Limits"); the HTTP layer uses the same numbers.
 MAX_N = 64  # sequences per prompt
 MAX_LOGPROBS = 20  # logprobs / prompt_logprobs / top_logprobs
 MAX_STOP_STRINGS = 32

@@ -9,7 +9,7 @@ cannot change the output (``user``, ``metadata``, ...) are accepted and ignored.
 Floats must be finite (JSON's ``NaN``/``Infinity`` literals are refused), every string
 must be valid Unicode (``Text``: no lone surrogates, which ``json.loads`` lets through
 from ``"\\ud800"`` or raw invalid UTF-8), and lists are bounded (the ``MAX_*``
-constants, docs/serving.md, "Limits").
+constants, docs/reliability.md, "Limits").
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from roseinfer.sampling_params import (
 )
 from roseinfer.structured_outputs import MAX_CHOICES
 
-# Documented bounds (docs/serving.md, "Limits"), besides those of SamplingParams and the body size.
+# Documented bounds (docs/reliability.md, "Limits"), besides those of SamplingParams and the body size.
 MAX_PROMPTS_PER_REQUEST = 256  # prompts in one /v1/completions request (a batch)
 MAX_MESSAGES = 4096  # messages in one chat or /tokenize request
 MAX_CONTENT_PARTS = 1024  # text parts in one chat message
