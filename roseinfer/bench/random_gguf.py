@@ -156,7 +156,8 @@ def tokenizer_metadata(source: Path) -> dict[str, Any]:
     return {k: v for k, v in read_gguf_metadata(source).items() if k.startswith("tokenizer.")}
 
 
-def _add_value(w: gguf.GGUFWriter, key: str, value: Any) -> None:
+def add_metadata_value(w: gguf.GGUFWriter, key: str, value: Any) -> None:
+    """One metadata key/value, typed as llama.cpp's files type it (ints as uint32)."""
     if isinstance(value, bool):
         w.add_bool(key, value)
     elif isinstance(value, int):
@@ -211,7 +212,7 @@ def write_random_gguf(path: Path, shape: ModelShape, fmt: str, seed: int = 0,
     plan = tensor_plan(shape, vocab, fmt)
     w = gguf.GGUFWriter(str(path), shape.arch)
     for key, value in {**_metadata(shape, vocab), **tok}.items():
-        _add_value(w, key, value)
+        add_metadata_value(w, key, value)
     for name, tshape, qtype in plan:
         if qtype == QT.F32:
             w.add_tensor_info(name, tshape, np.dtype(np.float32), _nbytes(tshape, qtype))

@@ -13,6 +13,8 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as QT
 
+from roseinfer.bench.random_gguf import add_metadata_value
+
 TINY_LLAMA = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
                   rope_theta=50000.0, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2)
@@ -72,14 +74,7 @@ def write_gguf(path: Path, arch: str, metadata: dict[str, Any],
     w = gguf.GGUFWriter(str(path), arch)
     for key, value in metadata.items():
         full = key if key.split(".")[0] in ("general", "tokenizer") else f"{arch}.{key}"
-        if isinstance(value, bool):
-            w.add_bool(full, value)
-        elif isinstance(value, int):
-            w.add_uint32(full, value)
-        elif isinstance(value, float):
-            w.add_float32(full, value)
-        else:
-            w.add_string(full, value)
+        add_metadata_value(w, full, value)
     if tokens is not None:
         w.add_tokenizer_model("gpt2")
         w.add_token_list(tokens)
