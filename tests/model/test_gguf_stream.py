@@ -200,7 +200,7 @@ def test_memory_of_a_load(tmp_path: Path) -> None:
     mem = json.loads(out.stdout.strip().splitlines()[-1])
     largest_fp32 = 8192 * 2048 * 4
     assert mem["after"] <= 1.15 * size + 0.35e9 + 0.05e9, mem
-    assert mem["after"] - mem["before"] <= 1.3 * size, mem
+    assert mem["after"] - mem["before"] <= 1.3 * size + 0.05e9, mem  # same runner margin
     assert mem["peak"] <= mem["after"] + largest_fp32, mem
 
 
