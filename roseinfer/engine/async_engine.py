@@ -25,6 +25,14 @@ Threading model
   all (``QueueFullError``), and one larger than the whole bound is refused
   (``RequestTooLargeError``).
 
+* Backpressure: a stream's reader (the HTTP handler) takes outputs as fast as its
+  client reads them. Before each step, a request with ``max_unread_outputs`` or more
+  outputs delivered but not taken is held (``LLMEngine.hold``): it keeps its KV blocks
+  but gets no row in the batch, so a client that stops reading stops costing decode
+  steps for everybody else (the stall timeout then aborts it, ``server/streaming.py``).
+  Its reader's next take (``note_read``) wakes the loop; if only held requests are left,
+  the loop waits for that instead of spinning.
+
 * While busy, a stats line (running/waiting, KV usage, prompt and generation
   throughput, prefix-cache hit rate; with speculative decoding a second line with its
   acceptance) is logged every ``log_stats_interval`` s.
@@ -72,6 +80,8 @@ from roseinfer.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 SNAPSHOT_TIMEOUT_S = 2.0  # a snapshot asked for during a longer step: the previous one
+MAX_UNREAD_OUTPUTS = 8  # outputs a reader may leave untaken before its request is held
+READER_WAIT_S = 0.5  # only held requests left: re-check this often (a take also wakes)
 
 
 @dataclass(slots=True)
@@ -79,16 +89,21 @@ class _Tracked:
     stream: RequestStream
     arrival: float
     last_token_time: float | None = None
+    delivered: int = 0  # outputs handed to the stream
 
 
 class AsyncEngine:
     """Owns an ``LLMEngine`` and the thread that steps it."""
 
     def __init__(self, engine: LLMEngine, *, max_waiting_requests: int | None = None,
-                 log_stats_interval: float = 10.0) -> None:
+                 log_stats_interval: float = 10.0,
+                 max_unread_outputs: int | None = MAX_UNREAD_OUTPUTS) -> None:
         self.engine = engine
         self.max_waiting_requests = max_waiting_requests
         self.log_stats_interval = log_stats_interval
+        self.max_unread_outputs = max_unread_outputs  # None: never hold a request
+        self._held: frozenset[str] = frozenset()  # engine thread only
+        self._blocked_on_readers = False  # guarded by _cond: only held requests are left
         self._cond = threading.Condition()
         self._adds: list[tuple[PendingRequest, RequestStream]] = []  # guarded by _cond
         self._aborts: list[str] = []  # guarded by _cond
@@ -212,6 +227,12 @@ class AsyncEngine:
             self._aborts.extend(ids)
             self._cond.notify()
 
+    def note_read(self) -> None:
+        """A stream's reader took outputs: wake the loop if it waits for readers."""
+        if self._blocked_on_readers:
+            with self._cond:
+                self._cond.notify()
+
     def num_waiting(self) -> int:
         with self._cond:
             return self._num_waiting_locked()
@@ -246,9 +267,11 @@ class AsyncEngine:
                     idle = False
                     while (not self._adds and not self._aborts and not self._stopping
                            and not self._snapshots.asks
-                           and not self.engine.has_unfinished_requests()):
+                           and (not self.engine.has_unfinished_requests()
+                                or (self._blocked_on_readers and not self._holds_changed()))):
                         idle = True
-                        self._cond.wait()
+                        self._cond.wait(READER_WAIT_S if self._blocked_on_readers else None)
+                    self._blocked_on_readers = False
                     if idle:  # the stats log covers busy time only
                         last_log = time.monotonic()
                         counters = (self._stats.prompt_tokens_total,
@@ -265,8 +288,12 @@ class AsyncEngine:
                     self._snapshots.answer(asks, lambda: take_snapshot(
                         self.engine, self._live, time.monotonic()))
                     if self.engine.has_unfinished_requests():
+                        self._update_holds()
                         self._step()
                         self._publish_stats()
+                        if self._held and self.engine.last_step_tokens == 0:
+                            with self._cond:
+                                self._blocked_on_readers = True
                 except ModelFailedError:
                     raise  # the model cannot run: the loop stops, the engine is dead
                 except Exception as exc:  # a failed step must not take the server down
@@ -301,6 +328,26 @@ class AsyncEngine:
             self._tracked.pop(rid, None)
             self.engine.abort_request(rid)
 
+    def _unread(self, request_id: str, tracked: _Tracked) -> bool:
+        limit = self.max_unread_outputs
+        return (limit is not None
+                and tracked.delivered - tracked.stream.taken(request_id) >= limit)
+
+    def _update_holds(self) -> None:
+        """Hold the requests whose readers are ``max_unread_outputs`` behind."""
+        held = frozenset(rid for rid, t in self._tracked.items() if self._unread(rid, t))
+        if held != self._held:
+            self._held = held
+            self.engine.hold(held)
+
+    def _holds_changed(self) -> bool:
+        """True when a held request's reader has caught up (or it has ended)."""
+        for rid in self._held:
+            tracked = self._tracked.get(rid)
+            if tracked is None or not self._unread(rid, tracked):
+                return True
+        return False
+
     def _on_failure(self, exc: Exception, streams: list[RequestStream]) -> None:
         logger.exception("engine step failed; failing %d request(s) in flight",
                          len(self._tracked))
@@ -321,6 +368,7 @@ class AsyncEngine:
                 self._tracked.pop(out.request_id, None)
                 items.append((tracked.stream, RequestFailedError(out.error)))
                 continue
+            tracked.delivered += 1
             if out.finished:
                 del self._tracked[out.request_id]
                 timings.e2e.append(now - tracked.arrival)

@@ -109,6 +109,7 @@ class LLMEngine:
                      if spec_config is not None else None)
         self._groups: dict[str, RequestGroup] = {}
         self._counter = 0
+        self.last_step_tokens = 0  # tokens the last step ran (0: nothing was schedulable)
         self._checked_params: SamplingParams | None = None  # the last params that passed
         self.stats = EngineStats(num_total_blocks=num_blocks)
 
@@ -224,6 +225,11 @@ class LLMEngine:
             self.abort_request(rid)
         return ids
 
+    def hold(self, request_ids: frozenset[str]) -> None:
+        """Backpressure: do not schedule these requests (their readers are behind) until
+        the next ``hold``; they keep their KV blocks (see ``Scheduler``)."""
+        self.scheduler.held = request_ids
+
     def has_unfinished_requests(self) -> bool:
         return bool(self._groups)
 
@@ -245,6 +251,7 @@ class LLMEngine:
         if self.spec is not None:
             self.spec.propose(self.scheduler.running)  # drafts, taken by schedule()
         sched = self.scheduler.schedule()
+        self.last_step_tokens = sched.num_tokens
         self.stats.num_preemptions += len(sched.preempted)
         if sched.is_empty:
             return []
@@ -383,6 +390,7 @@ class LLMEngine:
         s.spec_decode_accepted_per_pos = list(self.stats.spec_decode_accepted_per_pos)
         s.num_running = len(self.scheduler.running)
         s.num_waiting = len(self.scheduler.waiting)
+        s.num_held = self.scheduler.num_held
         s.num_free_blocks = self.block_manager.num_free_blocks
         s.num_cached_blocks = self.block_manager.num_cached_blocks
         s.kv_cache_usage = self.block_manager.usage

@@ -69,10 +69,11 @@ class _Coalesced:
     latest output with every earlier delta (text, token ids, logprobs) in front of its
     own. Text pieces are joined once, when taken."""
 
-    __slots__ = ("latest", "texts", "ids", "lps", "chars")
+    __slots__ = ("latest", "texts", "ids", "lps", "chars", "count")
 
     def __init__(self, out: RequestOutput) -> None:
         self.latest = out
+        self.count = 0  # outputs merged here
         self.texts: dict[int, list[str]] = {}
         self.ids: dict[int, list[int]] = {}
         self.lps: dict[int, list] = {}
@@ -80,6 +81,7 @@ class _Coalesced:
         self._record(out)
 
     def _record(self, out: RequestOutput) -> None:
+        self.count += 1
         for c in out.outputs:
             self.texts.setdefault(c.index, []).append(c.delta_text)
             self.ids.setdefault(c.index, []).extend(c.delta_token_ids)
@@ -113,6 +115,11 @@ class RequestStream:
     taken yet are merged per request (``_Coalesced``), so at most one item per request
     waits here, holding the unsent deltas only (linear in the output, never the whole
     text once per step); a slow reader gets fewer, larger deltas.
+
+    Backpressure: ``taken(request_id)`` counts the outputs the reader has taken; the
+    engine thread compares it with what it delivered and holds a request whose reader
+    has fallen behind (``AsyncEngine``), so a client that does not read stops costing
+    decode steps. Each take tells the engine (``AsyncEngine.note_read``).
     """
 
     def __init__(self, engine: AsyncEngine, request_ids: Sequence[str],
@@ -121,6 +128,9 @@ class RequestStream:
         self.request_ids = tuple(request_ids)
         self._unfinished = set(request_ids)
         self._pending: dict[str, _Coalesced] = {}  # request id -> its untaken outputs
+        # outputs taken by the reader, per request: written on the event loop, read by the
+        # engine thread (a fixed dict: only its int values change)
+        self._taken: dict[str, int] = dict.fromkeys(self.request_ids, 0)
         self._error: BaseException | None = None
         self._ready = asyncio.Event()
         self.loop = loop
@@ -145,6 +155,11 @@ class RequestStream:
         """Characters of text waiting for the reader."""
         return sum(p.chars for p in self._pending.values())
 
+    def taken(self, request_id: str) -> int:
+        """How many of the request's outputs the reader has taken (merged ones count
+        each)."""
+        return self._taken.get(request_id, 0)
+
     def _put(self, item: RequestOutput | BaseException) -> None:  # on the event loop
         if self._closed:
             return
@@ -164,9 +179,13 @@ class RequestStream:
             if not self._unfinished or self._closed:
                 raise StopAsyncIteration
             if self._pending:
-                item = self._pending.pop(next(iter(self._pending))).take()
+                pending = self._pending.pop(next(iter(self._pending)))
+                item = pending.take()
                 if item.finished:
                     self._unfinished.discard(item.request_id)
+                elif item.request_id in self._taken:
+                    self._taken[item.request_id] += pending.count
+                    self._engine.note_read()
                 return item
             if self._error is not None:
                 self._closed = True

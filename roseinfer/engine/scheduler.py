@@ -16,6 +16,13 @@ admitted; its chunk is then 1 + d tokens. ``update`` appends the accepted drafts
 token after them, stopping at the first that finishes the request, moves
 ``num_computed_tokens`` only over tokens whose K/V are right (the last appended token is
 computed next step), and gives back the blocks of rejected drafts.
+
+Held requests (backpressure): ``held`` names request groups whose reader has fallen
+behind (a streaming client that does not read: ``AsyncEngine`` sets it before each
+step). A held request keeps its place and its KV blocks but is not scheduled: no row of
+the batch is spent on output nobody reads; a held request that was preempted stays
+waiting. When blocks run out, held requests are preempted first (newest first). Holding
+never changes a request's arithmetic, only when its next token is computed.
 """
 
 from __future__ import annotations
@@ -73,6 +80,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
+        self.held: frozenset[str] = frozenset()  # group ids not to schedule (backpressure)
 
     # ------------------------------------------------------------- admission
     def add_request(self, request: Request) -> None:
@@ -104,9 +112,15 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
+            if req.group_id in self.held:
+                i += 1
+                continue
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
             while not bm.allocate(req, num_new):
-                victim = self.running.pop()  # newest
+                j = self._victim_index()
+                victim = self.running.pop(j)
+                if j < i:  # a held request before req: req moved down by one
+                    i -= 1
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim is req:
@@ -122,16 +136,23 @@ class Scheduler:
         if not out.preempted:
             budget = self._schedule_drafts(out.scheduled, budget)
 
-        # 3. Waiting requests, FCFS, unless this step had to preempt.
+        # 3. Waiting requests, FCFS, unless this step had to preempt. A held request
+        #    gives up its seat and blocks to a waiting one that needs them.
+        blocked = bool(out.preempted)
         pending_hashes: set[int] = set()  # blocks being computed this step, not yet cached
-        if self.waiting and budget > 0 and not out.preempted:  # only admission needs them
+        if self.waiting and budget > 0 and not blocked:  # only admission needs them
             for s in out.scheduled:
                 pending_hashes.update(self._uncomputed_hashes(s.request))
         skipped: list[Request] = []
-        while self.waiting and budget > 0 and not out.preempted:
-            if len(self.running) >= self.max_num_seqs:
-                break
+        while self.waiting and budget > 0 and not blocked:
             req = self.waiting[0]
+            if req.group_id in self.held:
+                skipped.append(self.waiting.popleft())  # preempted while held: stays out
+                continue
+            if len(self.running) >= self.max_num_seqs:
+                if self._preempt_held(out):
+                    continue  # its seat is free now (it waits at the front, held)
+                break
             cached = bm.find_cached_blocks(req)
             if self._waits_for_shared_prefix(req, len(cached), pending_hashes):
                 skipped.append(self.waiting.popleft())  # its prefix is being computed now
@@ -139,6 +160,8 @@ class Scheduler:
             num_computed = len(cached) * bm.block_size
             num_new = min(req.num_tokens - num_computed, budget)
             if not bm.allocate(req, num_new, cached):
+                if self._preempt_held(out):
+                    continue  # its blocks are free now: try again
                 break
             self.waiting.popleft()
             if req.status is RequestStatus.WAITING:  # first admission, not a resume
@@ -151,6 +174,34 @@ class Scheduler:
             pending_hashes.update(self._uncomputed_hashes(req))
         self.waiting.extendleft(reversed(skipped))
         return out
+
+    def _victim_index(self) -> int:
+        """Index in ``running`` of the request to preempt: the newest held one, else the
+        newest."""
+        held = self.held
+        if held:
+            for j in range(len(self.running) - 1, -1, -1):
+                if self.running[j].group_id in held:
+                    return j
+        return len(self.running) - 1
+
+    def _preempt_held(self, out: SchedulerOutput) -> bool:
+        """Preempt the newest held running request (for a waiting one); False if none."""
+        for j in range(len(self.running) - 1, -1, -1):
+            if self.running[j].group_id in self.held:
+                victim = self.running.pop(j)
+                self._preempt(victim)
+                out.preempted.append(victim)
+                return True
+        return False
+
+    @property
+    def num_held(self) -> int:
+        """Unfinished requests (running or waiting) that are held."""
+        if not self.held:
+            return 0
+        return sum(1 for r in self.running if r.group_id in self.held) + sum(
+            1 for r in self.waiting if r.group_id in self.held)
 
     def _schedule_drafts(self, scheduled: list[ScheduledRequest], budget: int) -> int:
         """Extend each decode chunk by the drafts of its request that fit; returns the

@@ -12,6 +12,7 @@ class EngineStats:
     num_total_blocks: int
     num_running: int = 0
     num_waiting: int = 0
+    num_held: int = 0  # unfinished sequences held because their reader is behind
     num_free_blocks: int = 0
     num_cached_blocks: int = 0
     kv_cache_usage: float = 0.0

@@ -49,6 +49,9 @@ class _EngineCollector(Collector):
                           s.num_running)
         yield self._gauge("num_requests_waiting", "Sequences waiting to be scheduled.",
                           s.num_waiting)
+        yield self._gauge("num_requests_held",
+                          "Sequences not scheduled because their stream's client is not "
+                          "reading (backpressure).", s.num_held)
         yield self._gauge("kv_cache_usage_perc", "Fraction of KV blocks in use (0-1).",
                           s.kv_cache_usage)
         yield self._gauge("kv_cache_free_blocks", "KV blocks not used by any request.",

@@ -76,7 +76,7 @@ def test_queued_outputs_are_linear_in_the_output():
 
 def test_unread_stream_merges_outputs_per_request():
     async def run() -> None:
-        ae = AsyncEngine(char_engine())
+        ae = AsyncEngine(char_engine(), max_unread_outputs=None)  # never held
         ae.start()
         try:
             stream = ae.add_request("r", PROMPT, params(120, n=3))
