@@ -34,8 +34,8 @@ REBIND_HOST = "rebind.attacker.example:8000"
 @dataclass
 class HostileOptions:
     stalled: int = 2  # concurrent never-reading streams
-    # n x max_tokens events with 20 logprobs each (~1.5 KB): ~3 MB, well past the ~0.6 MB
-    # (256 KiB send buffer, doubled by the kernel, plus the transport's 64 KiB) the
+    # n x max_tokens events with 20 logprobs each (~1.5 KB): ~3 MB, well past the ~0.15 MB
+    # (64 KiB send buffer, doubled by the kernel, plus the transport's 16 KiB) the
     # server takes before a stalled client's send() has to wait (server/conn_limits.py)
     stalled_n: int = 2
     stalled_max_tokens: int = 1024

@@ -19,11 +19,14 @@ plus ``_LimitsMixin``:
   (a pipelined request waiting for the one before) the deadline is pushed back;
 * a connection opened while ``max_connections`` others are open answers its request
   with a 503 (``Retry-After``, ``Connection: close``) after reading its body;
-* each accepted socket's kernel send buffer is capped at ``send_buffer_bytes`` (256 KiB;
-  Linux autotunes it up to 4 MiB otherwise), so a client that stops reading fills it
-  after kilobytes, uvicorn's flow control pauses the stream's ``send()``, and the
-  stream-stall timeout (``streaming.py``) sees it: the kernel memory a stalled client
-  can pin is bounded too.
+* each accepted socket's kernel send buffer is capped at ``send_buffer_bytes`` (64 KiB;
+  Linux autotunes it up to 4 MiB otherwise) and the transport's own buffer pauses
+  writing past ``write_buffer_bytes`` (16 KiB; asyncio's default is 64 KiB), so a
+  client that stops reading fills them after kilobytes, uvicorn's flow control pauses
+  the stream's ``send()``, the engine holds the request (backpressure: its reader is
+  behind, ``engine/async_engine.py``) and the stream-stall timeout (``streaming.py``)
+  sees it: the memory a stalled client can pin is bounded too. Token streams need a
+  few KB/s, far below what 64 KiB in flight carries.
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ OVER_CAPACITY_DRAIN_BYTES = 4 << 20
 class ConnectionLimits:
     request_timeout: float = 30.0  # s for a request's head and body to arrive
     max_connections: int | None = 512  # open connections; past it a 503
-    send_buffer_bytes: int | None = 256 << 10  # each socket's SO_SNDBUF (None: the kernel's)
+    send_buffer_bytes: int | None = 64 << 10  # each socket's SO_SNDBUF (None: the kernel's)
+    write_buffer_bytes: int | None = 16 << 10  # the transport's high-water mark (None: 64 KiB)
 
     def __post_init__(self) -> None:
         if not self.request_timeout > 0:
@@ -96,6 +100,8 @@ class _LimitsMixin:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.limits.send_buffer_bytes)
             except OSError:  # not a TCP socket (a Unix socket in tests): keep its buffer
                 pass
+        if self.limits.write_buffer_bytes is not None:
+            transport.set_write_buffer_limits(high=self.limits.write_buffer_bytes)
         cap = self.limits.max_connections
         if cap is not None and len(self.connections) > cap:
             logger.warning("%d connections open, over --max-connections %d: answering 503",

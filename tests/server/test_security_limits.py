@@ -166,10 +166,11 @@ def test_connections_past_the_cap_get_503(impl: str) -> None:
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_accepted_sockets_get_a_small_send_buffer(impl: str) -> None:
-    """A client that stops reading fills 256 KiB of kernel buffer, not autotuned MiBs,
-    before the stream's send() waits (and the stall timeout can see it)."""
+    """A client that stops reading fills 64 KiB of kernel buffer (doubled by the kernel)
+    and 16 KiB of the transport's, not autotuned MiBs, before the stream's send() waits
+    (and the stall timeout can see it): the defaults."""
     servers: list[uvicorn.Server] = []
-    with limited_server(impl, ConnectionLimits(5.0, 8, send_buffer_bytes=64 << 10),
+    with limited_server(impl, ConnectionLimits(5.0, 8),
                         servers=servers) as (url, _), connect(url) as client:
         client.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         assert client.recv(65536).startswith(b"HTTP/1.1 200")
@@ -177,3 +178,4 @@ def test_accepted_sockets_get_a_small_send_buffer(impl: str) -> None:
         assert len(conns) == 1
         sock = conns[0].transport.get_extra_info("socket")
         assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) == 2 * (64 << 10)  # doubled
+        assert conns[0].transport.get_write_buffer_limits()[1] == 16 << 10
