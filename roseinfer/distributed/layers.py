@@ -47,15 +47,18 @@ class RowParallel(nn.Module):
 class VocabParallelEmbedding(nn.Embedding):
     """Rows ``[start, start + n)`` of the embedding; the full lookup via an all-reduce."""
 
-    def __init__(self, weight: Tensor, start: int, comm: Communicator) -> None:
+    def __init__(self, weight: Tensor, start: int, comm: Communicator,
+                 out_dtype: torch.dtype | None = None) -> None:
         super().__init__(weight.shape[0], weight.shape[1], _weight=weight, _freeze=True)
         self.start = start
         self.comm = comm
+        self.out_dtype = out_dtype or weight.dtype  # a 16-bit matrix's rows, widened
 
     def forward(self, input_ids: Tensor) -> Tensor:  # [T] -> [T, hidden]
         local = input_ids - self.start  # [T]
         inside = (local >= 0) & (local < self.num_embeddings)  # [T]
         rows = F.embedding(local.clamp(0, self.num_embeddings - 1), self.weight)  # [T, hidden]
+        rows = rows.to(self.out_dtype)
         return self.comm.all_reduce(rows.masked_fill(~inside.unsqueeze(1), 0.0))
 
 
@@ -69,7 +72,8 @@ def parallelize(model: nn.Module, shard: RankShard, comm: Communicator) -> nn.Mo
         path, embedding = "transformer.wte", model.transformer.wte
     else:
         path, embedding = "model.embed_tokens", model.model.embed_tokens
-    set_module(model, path, VocabParallelEmbedding(embedding.weight, shard.vocab[0], comm))
+    set_module(model, path, VocabParallelEmbedding(embedding.weight, shard.vocab[0], comm,
+                                                   getattr(embedding, "out_dtype", None)))
     model.tensor_parallel = (comm.rank, comm.size)
     if hasattr(model, "_stack_state"):  # rebuilt on first use, now without the stack
         model._stack, model._stack_state = None, "unbuilt"

@@ -27,6 +27,7 @@ from roseinfer.model.cache_key import (
     source_fingerprint,
 )
 from roseinfer.model.config import ModelConfig
+from roseinfer.model.half_embedding import keep_embeddings_in
 from roseinfer.model.loader import Checkpoint, load_checkpoint, resolve_model_path
 from roseinfer.model.progress import note, progress, step
 from roseinfer.model.quantize import quantize_model
@@ -80,7 +81,8 @@ def load_model(
 def _load(ckpt: Checkpoint, dtype: torch.dtype, device: torch.device,
           linear_dtype: torch.dtype | None = None) -> nn.Module:
     """The model as loaded; ``linear_dtype``: its linear weights stored in that dtype
-    (a 16-bit checkpoint's, until ``quantize_model`` converts them layer by layer)."""
+    (a 16-bit checkpoint's, until ``quantize_model`` converts them layer by layer), and
+    its embeddings too (``HalfEmbedding``: rows widened per step)."""
     if linear_dtype is None:
         net = create_model(ckpt.config, dtype, device)
     else:
@@ -88,6 +90,7 @@ def _load(ckpt: Checkpoint, dtype: torch.dtype, device: torch.device,
         for module in net.modules():
             if isinstance(module, nn.Linear):
                 module.weight = nn.Parameter(module.weight.to(linear_dtype), requires_grad=False)
+        keep_embeddings_in(net, linear_dtype, dtype)  # no fp32 copy of the vocabulary
         materialize(net, device)
         reset_buffers(net)
         net.requires_grad_(False)

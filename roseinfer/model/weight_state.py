@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from roseinfer.model.config import ModelConfig
+from roseinfer.model.half_embedding import match_stored_embeddings
 from roseinfer.model.quantize import apply_linear_records
 from roseinfer.model.registry import create_meta_model, materialize, reset_buffers
 
@@ -70,6 +71,7 @@ def model_from_state(config: ModelConfig, dtype: torch.dtype, device: torch.devi
             raise StateMismatchError(f"no stored layer {exc}") from exc
     elif records:
         raise StateMismatchError("stored converted layers for quantization 'none'")
+    match_stored_embeddings(model, params, dtype)  # a 16-bit checkpoint's, kept 16-bit
     expected = dict(model.named_parameters())
     if set(expected) != set(params):
         missing, extra = sorted(set(expected) - set(params)), sorted(set(params) - set(expected))

@@ -34,6 +34,7 @@ def test_16bit_linears_stay_16bit_and_convert_as_fp32_would(tmp_path: Path,
     loaded = factory._load(ckpt, torch.float32, CPU, linear_dtype)
     assert loaded.model.layers[0].mlp.gate_up_proj.weight.dtype == dtype
     assert loaded.model.norm.weight.dtype == torch.float32
+    assert loaded.model.embed_tokens.weight.dtype == dtype  # no fp32 copy of the vocabulary
     assert factory._linear_storage(load_checkpoint(tmp_path / "full"), torch.float32, CPU,
                                    "int8")[1] is None
     assert factory._linear_storage(load_checkpoint(tmp_path / "half"), torch.float32, CPU,
@@ -43,5 +44,27 @@ def test_16bit_linears_stay_16bit_and_convert_as_fp32_would(tmp_path: Path,
     tokens = random_tokens(256, [11, 7])
     schedule = schedule_for([[6, 4, 1], [6, 1]], [0, 1])
     for a, b in zip(run_schedule(half, tokens, schedule), run_schedule(full, tokens, schedule),
+                    strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(not cpu_kernels_available(), reason="int8 layers need the C++ kernels")
+@pytest.mark.usefixtures("private_cache_dir")  # tests/conftest.py
+def test_16bit_embedding_stays_16bit_through_the_weight_cache(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    hf = tiny_llama(tie=True, hidden_size=128, intermediate_size=256)
+    hf.to(torch.bfloat16).save_pretrained(tmp_path / "half")
+    first = factory.load_model(tmp_path / "half", torch.float32, CPU, "int8", True)[0]
+
+    def no_conversion(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("the warm start converted again: the cache entry was refused")
+
+    monkeypatch.setattr(factory, "_load", no_conversion)
+    warm = factory.load_model(tmp_path / "half", torch.float32, CPU, "int8", True)[0]
+    for model in (first, warm):
+        assert model.model.embed_tokens.weight.dtype == torch.bfloat16
+    tokens = random_tokens(256, [9, 5])
+    schedule = schedule_for([[5, 4], [5]], [0, 1])
+    for a, b in zip(run_schedule(first, tokens, schedule), run_schedule(warm, tokens, schedule),
                     strict=True):
         assert torch.equal(a, b)
