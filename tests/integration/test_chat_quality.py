@@ -1,0 +1,52 @@
+"""The quality gate's everyday chat answers, on the default model.
+
+A default format must answer everyday questions as the exact fp32 model does (issue
+#25's gate, on top of test_quantize.py's top-1 and perplexity): over a fixed set of
+short chat questions (facts, arithmetic, a translation, a short code request), the
+default format's greedy answer (``quantization="auto"``: the GGUF as stored, int16
+activations) agrees with fp32's (``"none"``: the same weights dequantized) on its first
+16 tokens for at least 80% of them, and "What is the capital of France?" names Paris.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from roseinfer.llm import LLM
+from roseinfer.sampling_params import SamplingParams
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "What is the capital of Japan?",
+    "How many days are there in a week?",
+    "What is 7 plus 5?",
+    "What is 12 times 3?",
+    "Which planet is known as the Red Planet?",
+    "What color do you get when you mix blue and yellow?",
+    "Translate 'Good morning' into Spanish.",
+    "Write a Python function that returns the square of a number.",
+    "Who wrote Romeo and Juliet?",
+    "What is the boiling point of water in Celsius?",
+    "Name three primary colors.",
+    "What is the largest ocean on Earth?",
+    "How many legs does a spider have?",
+]
+TOKENS = 16
+
+
+def _answers(quantization: str) -> list[list[int]]:
+    llm = LLM(quantization=quantization, kv_cache_memory_gb=0.1)
+    params = SamplingParams(max_tokens=TOKENS, temperature=0.0)
+    outs = llm.chat([[{"role": "user", "content": q}] for q in QUESTIONS], params)
+    return [list(o.outputs[0].token_ids) for o in outs], [o.outputs[0].text for o in outs]
+
+
+@pytest.mark.slow  # the default model, twice
+def test_default_format_answers_everyday_questions_as_fp32_does() -> None:
+    ref_ids, ref_text = _answers("none")
+    ids, text = _answers("auto")
+    same = [a == b for a, b in zip(ids, ref_ids, strict=True)]
+    for q, ok, a, b in zip(QUESTIONS, same, text, ref_text, strict=True):
+        print(f"{'=' if ok else '!'} {q!r}: {a!r} / fp32 {b!r}")
+    assert sum(same) >= 0.8 * len(QUESTIONS), f"{sum(same)} of {len(QUESTIONS)} agree"
+    assert "Paris" in text[0] and "Paris" in ref_text[0]
