@@ -34,7 +34,7 @@ QUESTIONS = [
 TOKENS = 16
 
 
-def _answers(quantization: str) -> list[list[int]]:
+def _answers(quantization: str) -> tuple[list[list[int]], list[str]]:
     llm = LLM(quantization=quantization, kv_cache_memory_gb=0.1)
     params = SamplingParams(max_tokens=TOKENS, temperature=0.0)
     outs = llm.chat([[{"role": "user", "content": q}] for q in QUESTIONS], params)
