@@ -41,7 +41,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-batched-tokens", type=int, default=256)
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching",
-                   action="store_false", default=True)
+                   action="store_false", default=True,
+                   help="do not reuse the KV blocks of prompt prefixes already computed")
     g.add_argument("--num-threads", type=int, default=None)
     g.add_argument("--seed", type=int, default=None,
                    help="engine RNG seed for unseeded sampling (default 0); for generate "
