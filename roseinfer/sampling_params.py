@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from roseinfer.engine.stop_strings import StopStrings
+from roseinfer.stop_strings import StopStrings
 from roseinfer.structured_outputs import StructuredOutputsParams
 
 # Documented bounds (docs/reliability.md, "Limits"); the HTTP layer uses the same numbers.

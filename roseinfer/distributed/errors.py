@@ -8,7 +8,7 @@ the engine stops its workers and fails every request; the server's ``/health`` t
 
 from __future__ import annotations
 
-from roseinfer.engine.fault_isolation import ModelFailedError
+from roseinfer.runner.errors import ModelFailedError
 
 
 class TensorParallelError(ModelFailedError):

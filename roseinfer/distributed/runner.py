@@ -48,9 +48,9 @@ from roseinfer.distributed.shard import load_shard
 from roseinfer.distributed.spec import SPEC_VERSION, WorkerSpec
 from roseinfer.distributed.step import ShardExecutor, StepMessage
 from roseinfer.distributed.worker import SPEC_KEY, STARTUP_TIMEOUT_S
-from roseinfer.engine.fault_isolation import describe
 from roseinfer.engine.scheduler import ScheduledRequest
 from roseinfer.model.loader import load_checkpoint
+from roseinfer.runner.errors import describe
 from roseinfer.runner.model_runner import StepLogits, layout_step, num_kv_blocks
 
 logger = logging.getLogger("roseinfer.distributed")

@@ -15,7 +15,7 @@ they arrive. It works in two layers:
    O(sequence length). The window is seeded with the prompt's last few tokens
    so the first generated token's leading space is right.
 
-2. **Stop strings** (:mod:`roseinfer.engine.stop_strings`). Every newly
+2. **Stop strings** (:mod:`roseinfer.stop_strings`). Every newly
    decoded character is fed once to a streaming KMP matcher (amortised
    O(#stop strings) per character; compiling the stop strings is linear in
    their total length and the compiled :class:`StopStrings` can be shared by
@@ -60,7 +60,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from roseinfer.engine.stop_strings import StopMatcher, StopStrings
+from roseinfer.stop_strings import StopMatcher, StopStrings
 
 __all__ = ["DetokenizerUpdate", "IncrementalDetokenizer"]
 

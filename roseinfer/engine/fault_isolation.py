@@ -19,21 +19,14 @@ from collections.abc import Callable, Sequence
 from roseinfer.engine.block_manager import BlockManager
 from roseinfer.engine.request import Request
 from roseinfer.engine.scheduler import ScheduledRequest
+from roseinfer.runner.errors import ModelFailedError as ModelFailedError  # re-export
+from roseinfer.runner.errors import describe as describe  # re-export
 from roseinfer.runner.model_runner import StepLogits
 from roseinfer.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
 Execute = Callable[[list[ScheduledRequest]], StepLogits]
-
-
-class ModelFailedError(RuntimeError):
-    """The model itself cannot run (a one-token probe failed, or the runner says so, e.g.
-    a tensor-parallel worker died): no request can be served."""
-
-
-def describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
 
 
 def run_isolated(

@@ -21,7 +21,7 @@ from roseinfer.outputs import Logprob
 from roseinfer.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from roseinfer.engine.spec_decode import SpecState
+    from roseinfer.engine.spec_state import SpecState
     from roseinfer.engine.structured.matcher import GrammarMatcher
 
 

@@ -11,13 +11,16 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from roseinfer.outputs import RequestOutput
 from roseinfer.sampling_params import SamplingParams
 
-if TYPE_CHECKING:
-    from roseinfer.engine.async_engine import AsyncEngine
+
+class Aborter(Protocol):
+    """What a stream needs of its engine (``AsyncEngine``): a thread-safe abort."""
+
+    def abort(self, request_ids: str | Sequence[str]) -> None: ...
 
 
 class EngineDeadError(RuntimeError):
@@ -122,7 +125,7 @@ class RequestStream:
     decode steps. Each take tells the engine (``AsyncEngine.note_read``).
     """
 
-    def __init__(self, engine: AsyncEngine, request_ids: Sequence[str],
+    def __init__(self, engine: Aborter, request_ids: Sequence[str],
                  loop: asyncio.AbstractEventLoop) -> None:
         self._engine = engine
         self.request_ids = tuple(request_ids)

@@ -33,7 +33,7 @@ import torch
 from roseinfer.model.config import ModelConfig
 
 if TYPE_CHECKING:
-    from roseinfer.model.gguf_loader import GGUFFile
+    from roseinfer.model.gguf_file import GGUFFile
 
 ARCHITECTURES: Mapping[str, str] = MappingProxyType({
     "llama": "LlamaForCausalLM",

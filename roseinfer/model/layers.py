@@ -18,17 +18,8 @@ from torch import Tensor, nn
 
 from roseinfer.model.attention_metadata import AttentionMetadata
 from roseinfer.model.rope import compute_inv_freq as compute_inv_freq  # re-export
+from roseinfer.model.row_kernels import row_kernels_usable as row_kernels_usable  # re-export
 from roseinfer.model.sliding_window import WindowView
-
-
-def row_kernels_usable(x: Tensor) -> bool:
-    """True when the C++ row kernels (``roseinfer.kernels``) can serve ops on x: a float32
-    CPU tensor and a loaded kernel library."""
-    if x.device.type != "cpu" or x.dtype != torch.float32:
-        return False
-    from roseinfer.kernels import cpu_kernels_available
-
-    return cpu_kernels_available()
 
 
 class RMSNorm(nn.Module):

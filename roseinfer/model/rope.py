@@ -29,6 +29,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from roseinfer.model.row_kernels import row_kernels_usable
+
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "longrope")
 _REQUIRED: Mapping[str, tuple[str, ...]] = {
     "linear": ("factor",),
@@ -200,8 +202,6 @@ def rope_inputs(rotary: RotaryEmbedding, positions: Tensor, sample: Tensor) -> R
     """RopeInputs for this step: fused when the row kernels serve ``sample``'s dtype/device,
     the cache is float32 and covers the whole head, else with cos/sin gathered for the
     PyTorch path."""
-    from roseinfer.model.layers import row_kernels_usable
-
     cache = rotary.cos_sin_cache
     if (cache.dtype == torch.float32 and rotary.rotary_dim == rotary.head_dim
             and row_kernels_usable(sample)):

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from roseinfer.config import EngineConfig
 from roseinfer.ray_serve.routing_policy import RoutingMode
 from roseinfer.server.access import AccessSettings
+from roseinfer.server.startup import default_model_name
 
 
 @dataclass(frozen=True)
@@ -94,8 +95,6 @@ class AppArgs(BaseModel):
         return self.engine
 
     def serve_options(self) -> ServeOptions:
-        from roseinfer.server.cli import default_model_name
-
         names = tuple(n.strip() for n in (self.served_model_name or "").split(",") if n.strip())
         return ServeOptions(
             num_replicas=self.num_replicas, routing=self.routing,

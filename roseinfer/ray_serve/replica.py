@@ -27,6 +27,7 @@ from roseinfer.engine.engine import LLMEngine
 from roseinfer.ray_serve.asgi_bridge import ForwardedRequest, ResponseHead, call_app
 from roseinfer.ray_serve.options import ServeOptions
 from roseinfer.server.app import create_app
+from roseinfer.server.startup import warmup
 from roseinfer.server.state import ServerSettings
 
 logger = logging.getLogger("roseinfer.ray_serve")
@@ -36,8 +37,6 @@ class EngineReplica:
     """One engine replica (deployed by ``app.build``)."""
 
     def __init__(self, config: EngineConfig, options: ServeOptions) -> None:
-        from roseinfer.server.cli import warmup
-
         def build() -> LLMEngine:  # on the engine thread (see AsyncEngine.launch)
             engine = LLMEngine(config)
             if options.warmup:

@@ -18,11 +18,11 @@ import os
 import signal
 import sys
 import threading
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from roseinfer.cli import add_engine_args, engine_config_from_args
+from roseinfer.cli_args import add_engine_args, engine_config_from_args
 from roseinfer.server.api_key import resolve_api_key
+from roseinfer.server.startup import DEFAULT_MODEL_NAME, default_model_name, warmup
 
 if TYPE_CHECKING:
     from roseinfer.engine.async_engine import AsyncEngine
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from roseinfer.server.state import ServerSettings
 
 logger = logging.getLogger("roseinfer.server")
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 
 def register(subparsers: Any) -> None:
@@ -89,13 +88,6 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=cmd_serve)
 
 
-def default_model_name(model: str | None) -> str:
-    if not model:
-        return DEFAULT_MODEL_NAME
-    path = Path(model)
-    return path.stem if path.suffix in (".gguf", ".pt", ".safetensors") else path.name
-
-
 def _setup_logging(level: str) -> None:
     root = logging.getLogger("roseinfer")
     if not root.handlers:
@@ -103,25 +95,6 @@ def _setup_logging(level: str) -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         root.addHandler(handler)
     root.setLevel(level.upper())
-
-
-def warmup(engine: LLMEngine) -> None:
-    """One short greedy generation so the first user request does not pay for it.
-
-    Runs on the engine thread before it serves; the stats are reset afterwards.
-    """
-    from roseinfer.engine.stats import EngineStats
-    from roseinfer.sampling_params import SamplingParams
-
-    vocab = engine.model_config.vocab_size
-    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
-    engine.add_request("warmup", [(7 * j) % vocab for j in range(1, 20)], params)
-    for _ in range(64):
-        if not engine.has_unfinished_requests():
-            break
-        engine.step()
-    engine.abort_all()
-    engine.stats = EngineStats(num_total_blocks=engine.block_manager.num_blocks)
 
 
 def run_server(async_engine: AsyncEngine, settings: ServerSettings, host: str, port: int,

@@ -19,7 +19,7 @@ from roseinfer.outputs import ToolCall
 from roseinfer.tool_calls.grammar import CLOSE, OPEN
 from roseinfer.tool_calls.plan import Tool
 
-# The system prompt for models whose chat template does not render tools (README).
+# The system prompt for models whose chat template does not render tools (docs/serving.md).
 DEFAULT_TOOL_PROMPT = (
     "You may call one or more functions to help with the user's request. The functions "
     "are described as JSON below, inside <tools></tools>:\n<tools>\n{tools}\n</tools>\n"

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from roseinfer.engine.detokenizer import DetokenizerUpdate, IncrementalDetokenizer
-from roseinfer.engine.stop_strings import StopStrings
+from roseinfer.stop_strings import StopStrings
 from tests.engine.test_detokenizer import (
     _byte_bpe,
     enc,

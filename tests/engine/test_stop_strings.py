@@ -1,4 +1,4 @@
-"""Tests for roseinfer.engine.stop_strings (compiled stop strings + streaming matcher)."""
+"""Tests for roseinfer.stop_strings (compiled stop strings + streaming matcher)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from roseinfer.engine.detokenizer import IncrementalDetokenizer
-from roseinfer.engine.stop_strings import StopMatcher, StopStrings, _failure_table
+from roseinfer.stop_strings import StopMatcher, StopStrings, _failure_table
 
 
 def all_matches(matcher: StopMatcher, text: str) -> list[tuple[int, str]]:

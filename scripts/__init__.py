@@ -1,0 +1,1 @@
+"""Maintenance scripts: the import graph (cycles) and the generated configuration page."""
