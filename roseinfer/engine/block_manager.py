@@ -53,8 +53,8 @@ class KVSpill(Protocol):
     """Where registered blocks go when memory lets them go, and come back from
     (``roseinfer.kvcache.tier.KVDiskTier``)."""
 
-    def save(self, block_id: int, key: int, parent: int | None,
-             tokens: tuple[int, ...]) -> None: ...
+    def save(self, block_id: int, key: int, parent: int | None, tokens: tuple[int, ...],
+             evicted: bool = True) -> None: ...
 
     def contains(self, key: int) -> bool: ...
 
@@ -299,7 +299,7 @@ class BlockManager:
         for block in self.blocks:
             if block.block_hash is not None:
                 self.disk.save(block.block_id, block.block_hash, block.parent_hash,
-                               block.token_ids)
+                               block.token_ids, evicted=False)
 
     def reset_prefix_cache(self) -> None:
         """Forget every unused cached block (used ones keep their entries)."""

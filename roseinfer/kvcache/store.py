@@ -95,12 +95,16 @@ class DiskKVStore:
     def has(self, key: int) -> bool:
         return self.enabled and self.path(key).is_file()
 
-    def touch(self, key: int) -> None:
-        """Mark a block as recently used (its mtime is the LRU clock)."""
+    def touch(self, key: int) -> bool:
+        """Mark a block as recently used (its mtime is the LRU clock); False if its file
+        is gone."""
         try:
             os.utime(self.path(key))
+        except FileNotFoundError:
+            return False
         except OSError:
-            pass  # removed meanwhile, or a read-only store
+            pass  # a read-only store: the file is there
+        return True
 
     # ------------------------------------------------------------------ read
     def read(self, expected: BlockHeader, key: int, payload_bytes: int) -> memoryview | None:

@@ -2,11 +2,12 @@
 
 The block manager calls it (``BlockManager.disk``) on the engine thread:
 
-* ``save(block)`` when a registered block leaves memory (evicted for another use) and
+* ``save(...)`` when a registered block leaves memory (evicted for another use) and
   when the engine is idle or shuts down (``BlockManager.persist``): the block's K/V
   are copied out of the pool at once (the pool slot may be overwritten by the next
   step) and handed to the background writer; a block already on disk is only touched
-  (its mtime is the store's LRU clock), one already queued is skipped;
+  when it leaves memory (its mtime is the store's LRU clock), one already queued or
+  known to be on disk when idle is skipped;
 * ``contains(key)`` / ``load(block_id, key, parent, tokens)`` on a prefix-cache miss in
   memory: the file is read and verified (identity, chain hash, parent, token ids, dtype,
   shape, CRC) and its K/V copied into the given fresh block of the pool, byte for byte
@@ -38,6 +39,7 @@ logger = logging.getLogger("roseinfer.kvcache")
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
                 torch.int8: "int8"}
 DEFAULT_PENDING_BYTES = 256 << 20
+MAX_KNOWN = 1 << 20
 
 
 class KVDiskTier:
@@ -53,7 +55,8 @@ class KVDiskTier:
         self.dtype_name = _DTYPE_NAMES[self.dtype]
         self.payload_bytes = math.prod(self.shape) * self.dtype.itemsize
         self._queued: set[int] = set()  # keys handed to the writer, not yet written
-        self.writer = BlockWriter(store, max_pending_bytes, on_done=self._queued.discard)
+        self._known: set[int] = set()  # keys this process wrote, loaded or found on disk
+        self.writer = BlockWriter(store, max_pending_bytes, on_done=self._written)
 
     @property
     def stats(self) -> DiskStats:
@@ -65,18 +68,39 @@ class KVDiskTier:
                            self.dtype_name, self.shape)
 
     # ------------------------------------------------------------------ save
-    def save(self, block_id: int, key: int, parent: int | None, tokens: tuple[int, ...]) -> None:
-        """Offer one registered block (its K/V final) to the disk; never blocks on I/O
-        but a stat (and a touch when it is there already)."""
+    def save(self, block_id: int, key: int, parent: int | None, tokens: tuple[int, ...],
+             evicted: bool = True) -> None:
+        """Offer one registered block (its K/V final) to the disk; no I/O here but a stat
+        and a touch. A block this process knows is on disk is skipped when the engine is
+        idle (``evicted`` False: no syscalls for the whole pool), and touched (its LRU
+        clock) when it leaves memory."""
         if not self.store.writable or key in self._queued:
             return
-        if self.store.has(key):
+        if key in self._known:
+            if not evicted:
+                return
+            if self.store.touch(key):
+                return
+            self._known.discard(key)  # deleted since (size bound, another process)
+        elif self.store.has(key):
             self.store.touch(key)
+            self._remember(key)
             return
         payload = memoryview(self._snapshot(block_id))
         self._queued.add(key)
         if not self.writer.submit(self.header(key, parent, tokens), key, payload):
             self._queued.discard(key)
+
+    def _written(self, key: int, ok: bool) -> None:
+        """The writer's report (writer thread; set operations are atomic)."""
+        if ok:
+            self._remember(key)
+        self._queued.discard(key)
+
+    def _remember(self, key: int) -> None:
+        if len(self._known) >= MAX_KNOWN:
+            self._known.clear()  # a bound on memory: later offers just stat again
+        self._known.add(key)
 
     def _snapshot(self, block_id: int) -> torch.Tensor:
         """A copy of the block's K/V, flat bytes [payload_bytes] uint8 (numpy view)."""
@@ -104,6 +128,7 @@ class KVDiskTier:
         for layer, cache in enumerate(self.kv_caches):
             cache[:, s:s + self.block_size].copy_(kv[layer])
         self.stats.hits += 1
+        self._remember(key)
         return True
 
     def flush(self, timeout: float) -> bool:

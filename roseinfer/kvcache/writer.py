@@ -25,10 +25,10 @@ Job = tuple[BlockHeader, int, memoryview]
 
 class BlockWriter:
     def __init__(self, store: DiskKVStore, max_pending_bytes: int,
-                 on_done: Callable[[int], None] = lambda key: None) -> None:
+                 on_done: Callable[[int, bool], None] = lambda key, ok: None) -> None:
         self.store = store
         self.max_pending_bytes = max_pending_bytes
-        self._on_done = on_done  # called (writer thread) with each key written or failed
+        self._on_done = on_done  # called (writer thread) with each key and whether written
         self._jobs: deque[Job] = deque()
         self._pending = 0  # bytes queued or being written
         self._busy = False
@@ -84,11 +84,12 @@ class BlockWriter:
                     return
                 header, key, payload = self._jobs.popleft()
                 self._busy = True
+            ok = False
             try:
-                self.store.write(header, key, payload)
+                ok = self.store.write(header, key, payload)
             except Exception:  # never let the writer die: the engine must not notice
                 logger.exception("KV disk cache: writing block %s failed", header.key)
-            self._on_done(key)
+            self._on_done(key, ok)
             with self._cond:
                 self._busy = False
                 self._pending -= len(payload)

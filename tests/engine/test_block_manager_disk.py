@@ -18,7 +18,8 @@ class FakeDisk:
         self.loaded: list[tuple[int, int]] = []  # (block id, key)
         self.broken: set[int] = set()
 
-    def save(self, block_id: int, key: int, parent: int | None, tokens: tuple[int, ...]) -> None:
+    def save(self, block_id: int, key: int, parent: int | None, tokens: tuple[int, ...],
+             evicted: bool = True) -> None:
         self.saved.append(key)
         self.files[key] = (parent, tokens)
 

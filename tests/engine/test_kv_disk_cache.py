@@ -127,3 +127,20 @@ def test_unusable_directory_serves_from_memory(hf_model, prompt, tmp_path: Path,
     assert "No space left" in caplog.text and stats.kv_disk_written_bytes == 0
     assert got.tokens["target"] == cold.tokens["target"]
     assert all(len(t[0]) > 0 for t in got.tokens.values())  # every request served
+
+
+def test_blocks_evicted_while_busy_reach_the_disk(hf_model, prompt, tmp_path: Path) -> None:
+    """A's cached blocks are evicted by B (20-block pool) before the engine is ever idle:
+    they reach the disk through eviction, and a restart loads all of them."""
+    cold, _ = run(hf_model, "none", prompt)
+    engine = make_engine(hf_model, "none", max_num_batched_tokens=64, block_size=BS,
+                         num_kv_blocks=20, kv_cache_dir=str(tmp_path))
+    other = random_prompt(random.Random(12), 250)
+    run_schedule(engine, [Arrival(0, "a", prompt, greedy(1)), Arrival(1, "b", other, greedy(8))])
+    a_hashes = [int(p.stem, 16) for p in block_files(tmp_path, prompt)]
+    assert sum(h in engine.block_manager._cached for h in a_hashes) < len(a_hashes) - 3
+    engine.shutdown()
+    assert all(p.is_file() for p in block_files(tmp_path, prompt))
+    warm, stats = run(hf_model, "none", prompt, kv_cache_dir=str(tmp_path))
+    assert stats.kv_disk_hit_tokens == 144
+    assert_same_logits(cold, warm, "from blocks written at eviction")

@@ -159,7 +159,8 @@ def test_writer_queue_is_bounded_and_flushes(tmp_path: Path, monkeypatch: pytest
 
     monkeypatch.setattr(store, "write", slow)
     done: list[int] = []
-    writer = BlockWriter(store, max_pending_bytes=3 * PAYLOAD, on_done=done.append)
+    writer = BlockWriter(store, max_pending_bytes=3 * PAYLOAD,
+                         on_done=lambda key, ok: done.append(key) if ok else None)
     accepted = [writer.submit(header(store, k), k, payload(k)) for k in range(1, 7)]
     assert accepted[:3] == [True] * 3 and not all(accepted)  # full: dropped, never waits
     assert store.stats.dropped == accepted.count(False)
