@@ -7,7 +7,8 @@ Layout (little-endian)::
     header length H                                  u32
     payload length P                                 u64
     CRC-32 of header + payload                       u32
-    header: UTF-8 JSON {identity, key, parent, tokens, dtype, shape}   H bytes
+    header: UTF-8 JSON {identity, key, parent, tokens, dtype, shape}, padded with
+            spaces so the payload starts at a multiple of 64 bytes      H bytes
     payload: the block's K/V, [layers, 2 (K, V), block_size, kv_heads, head_dim]
              in the pool's dtype, C order                              P bytes
 
@@ -27,6 +28,7 @@ MAGIC = b"RIKV"
 VERSION = 1
 _PREFIX = struct.Struct("<4sIIQI")  # magic, version, header len, payload len, crc32
 _MAX_HEADER = 1 << 20
+_ALIGN = 64
 
 
 class BlockFileError(ValueError):
@@ -51,6 +53,7 @@ class BlockHeader:
 def encode(header: BlockHeader, payload: bytes | memoryview) -> list[bytes | memoryview]:
     """The file's bytes, in pieces to write one after the other (no payload copy)."""
     head = header.to_json()
+    head += b" " * (-(_PREFIX.size + len(head)) % _ALIGN)  # the payload starts aligned
     crc = zlib.crc32(payload, zlib.crc32(head))
     return [_PREFIX.pack(MAGIC, VERSION, len(head), len(payload), crc), head, payload]
 

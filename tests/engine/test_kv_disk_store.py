@@ -42,6 +42,7 @@ def test_round_trip_and_rejections(tmp_path: Path, caplog: pytest.LogCaptureFixt
     for key in range(1, 6):
         put(store, key)
     assert bytes(store.read(header(store, 1), 1, PAYLOAD)) == bytes(payload(1))
+    assert (store.path(1).stat().st_size - PAYLOAD) % 64 == 0  # the payload starts aligned
     assert store.read(header(store, 99), 99, PAYLOAD) is None  # absent: a plain miss
     data = bytearray(store.path(2).read_bytes())
     data[-100] ^= 1  # one bit of the payload
