@@ -43,7 +43,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         "long shared prefixes survive restarts; several servers may share DIR")
     g.add_argument("--kv-cache-dir-size", default="8G", metavar="SIZE",
                    help="size bound of --kv-cache-dir, bytes or e.g. 500M, 2G (least "
-                        "recently used blocks are deleted; default 8G)")
+                        "recently used blocks are deleted)")
     g.add_argument("--num-threads", type=int, default=None)
     g.add_argument("--seed", type=int, default=None,
                    help="engine RNG seed for unseeded sampling (default 0); for generate "

@@ -171,3 +171,20 @@ def test_writer_queue_is_bounded_and_flushes(tmp_path: Path, monkeypatch: pytest
     assert sorted(done) == [k for k, ok in zip(range(1, 7), accepted, strict=True) if ok]
     writer.close()
     assert not writer.submit(header(store, 9), 9, payload(9))
+
+
+def test_config_checks_the_options() -> None:
+    from roseinfer.config import EngineConfig
+
+    assert EngineConfig(kv_cache_dir="/tmp/kv", kv_cache_dir_size="1.5G").kv_cache_dir_size == (
+        3 << 29)
+    assert EngineConfig(kv_cache_dir_size="500M").kv_cache_dir_size == 500 << 20
+    assert EngineConfig(kv_cache_dir_size=4096).kv_cache_dir_size == 4096
+    for bad, why in [(dict(kv_cache_dir_size="lots"), "kv_cache_dir_size"),
+                     (dict(kv_cache_dir_size=0), "kv_cache_dir_size"),
+                     (dict(kv_cache_dir="/tmp/kv", enable_prefix_caching=False),
+                      "enable_prefix_caching"),
+                     (dict(kv_cache_dir="/tmp/kv", tensor_parallel_size=2),
+                      "tensor_parallel_size")]:
+        with pytest.raises(ValueError, match=why):
+            EngineConfig(**bad)
