@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from roseinfer.config import EngineConfig
 from roseinfer.kvcache.block_file import BlockHeader, encode
 from roseinfer.kvcache.store import MAX_WRITE_FAILURES, DiskKVStore
 from roseinfer.kvcache.writer import BlockWriter
@@ -174,8 +175,6 @@ def test_writer_queue_is_bounded_and_flushes(tmp_path: Path, monkeypatch: pytest
 
 
 def test_config_checks_the_options() -> None:
-    from roseinfer.config import EngineConfig
-
     assert EngineConfig(kv_cache_dir="/tmp/kv", kv_cache_dir_size="1.5G").kv_cache_dir_size == (
         3 << 29)
     assert EngineConfig(kv_cache_dir_size="500M").kv_cache_dir_size == 500 << 20
