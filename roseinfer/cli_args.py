@@ -43,6 +43,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching",
                    action="store_false", default=True,
                    help="do not reuse the KV blocks of prompt prefixes already computed")
+    g.add_argument("--kv-cache-dir", default=None, metavar="DIR",
+                   help="persistent prefix cache: keep full KV blocks in DIR (written when "
+                        "evicted from memory or when idle, read on a prefix-cache miss), so "
+                        "long shared prefixes survive restarts; several servers may share DIR")
+    g.add_argument("--kv-cache-dir-size", default="8G", metavar="SIZE",
+                   help="size bound of --kv-cache-dir, bytes or e.g. 500M, 2G (least "
+                        "recently used blocks are deleted)")
     g.add_argument("--num-threads", type=int, default=None)
     g.add_argument("--seed", type=int, default=None,
                    help="engine RNG seed for unseeded sampling (default 0); for generate "
@@ -75,6 +82,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         enable_prefix_caching=args.enable_prefix_caching, num_threads=args.num_threads,
+        kv_cache_dir=getattr(args, "kv_cache_dir", None),
+        kv_cache_dir_size=getattr(args, "kv_cache_dir_size", "8G"),
         seed=args.seed if args.seed is not None else 0,
         speculative_config=getattr(args, "speculative_config", None),
         weight_cache=getattr(args, "weight_cache", None),

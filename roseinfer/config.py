@@ -46,6 +46,12 @@ class EngineConfig:
     max_num_batched_tokens: int = 256
     max_model_len: int | None = None  # default: the model's context, capped by the pool
     enable_prefix_caching: bool = True
+    # Persistent prefix cache (docs/kv-cache.md): full KV blocks kept in this directory
+    # (written when evicted from memory and when the engine is idle or shuts down, read
+    # on a prefix-cache miss in memory), shared by processes; None = off.  Its size bound
+    # in bytes (an int, or text like "2G", "500M"): the oldest blocks are deleted.
+    kv_cache_dir: str | None = None
+    kv_cache_dir_size: int | str = "8G"
     num_threads: int | None = None  # torch threads; default = usable cores
     seed: int = 0  # seed of the RNG used by unseeded sampled requests
     # Speculative decoding (n-gram prompt lookup), off when None. vLLM's dict (or JSON
@@ -108,9 +114,26 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.weight_cache must be None or a bool, got "
                              f"{self.weight_cache!r}")
         self._check_distributed()
+        self._check_kv_cache_dir()
         # Normalised once, at construction: validated, and a dict never kept.
         object.__setattr__(self, "speculative_config",
                            SpeculativeConfig.coerce(self.speculative_config))
+
+    def _check_kv_cache_dir(self) -> None:
+        object.__setattr__(self, "kv_cache_dir_size", parse_size(self.kv_cache_dir_size,
+                                                                 "EngineConfig.kv_cache_dir_size"))
+        if self.kv_cache_dir is None:
+            return
+        if not isinstance(self.kv_cache_dir, (str, os.PathLike)) or not str(self.kv_cache_dir):
+            raise ValueError(f"EngineConfig.kv_cache_dir must be a directory path, got "
+                             f"{self.kv_cache_dir!r}")
+        object.__setattr__(self, "kv_cache_dir", os.fspath(self.kv_cache_dir))
+        if not self.enable_prefix_caching:
+            raise ValueError("EngineConfig.kv_cache_dir needs enable_prefix_caching (blocks are "
+                             "found on disk by their prefix hash)")
+        if self.tensor_parallel_size != 1:
+            raise ValueError("EngineConfig.kv_cache_dir needs tensor_parallel_size 1 (each rank "
+                             "holds part of every block)")
 
     def _check_distributed(self) -> None:
         size = self.tensor_parallel_size
@@ -158,6 +181,27 @@ class EngineConfig:
         except AttributeError:  # pragma: no cover - non-Linux
             cores = os.cpu_count() or 1
         return max(1, cores // self.tensor_parallel_size)
+
+
+_SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(value: int | str, name: str = "size") -> int:
+    """Bytes from an int or text: "1048576", "512M", "2G", "1.5GiB" (powers of 1024)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        n = value
+    elif isinstance(value, str):
+        text = value.strip().upper().removesuffix("IB").removesuffix("B")
+        unit = text[-1:] if text[-1:] in _SIZE_UNITS else ""
+        try:
+            n = int(float(text[:len(text) - len(unit)]) * _SIZE_UNITS[unit])
+        except ValueError:
+            raise ValueError(f"{name} must be bytes or text like '2G', got {value!r}") from None
+    else:
+        raise ValueError(f"{name} must be bytes or text like '2G', got {value!r}")
+    if n < 1:
+        raise ValueError(f"{name} must be > 0 bytes, got {value!r}")
+    return n
 
 
 def parse_init_method(method: str) -> tuple[str, int]:

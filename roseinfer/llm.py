@@ -38,7 +38,9 @@ class LLM:
 
     ``model`` is an HF directory, a .gguf or a .pt file; None serves the bundled
     SmolLM2-135M-Instruct. Engine options are the fields of ``EngineConfig``
-    (``tensor_parallel_size=2`` splits the model over two processes).
+    (``tensor_parallel_size=2`` splits the model over two processes;
+    ``kv_cache_dir="~/.cache/roseinfer/kv"`` keeps prompt prefixes on disk across runs:
+    ``shutdown()``, or ``with LLM(...)``, waits for their writes).
     """
 
     def __init__(self, model: str | None = None, **engine_options: Any) -> None:

@@ -13,16 +13,27 @@ the front block and drops its cache entry, so cached blocks are evicted least
 recently used first and a block in use is never evicted.
 
 Prefix caching: the i-th full block of a sequence is keyed by a chain hash of
-(hash of block i-1, token ids of block i). A lookup walks the chain and stops at
-the first miss; a hit is confirmed against the stored parent hash and token ids,
-so a hash collision can never reuse wrong K/V.
+(hash of block i-1, token ids of block i): 128 bits of BLAKE2b, the same in every
+process (the disk cache and the Ray router name blocks by it). A lookup walks the chain
+and stops at the first miss; a hit is confirmed against the stored parent hash and
+token ids, so a hash collision can never reuse wrong K/V.
+
+Disk tier (``disk``, a ``KVSpill``; ``roseinfer.kvcache.tier``, with ``kv_cache_dir``):
+a registered block that is evicted from memory is offered to it first, and so is every
+registered block when the engine is idle (``persist``). A lookup that misses in memory
+goes on on disk: each further block found there is loaded into a fresh block of the
+pool (taken from the LRU front, never one of this lookup's own hits), registered like a
+computed one, and returned as a hit.
 """
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from roseinfer.engine.request import Request
 
@@ -30,8 +41,25 @@ HashFn = Callable[[int | None, tuple[int, ...]], int]
 
 
 def chain_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
-    """Hash of one full block given its parent's hash (None for the first block)."""
-    return hash((parent, token_ids))
+    """Hash of one full block given its parent's hash (None for the first block): a
+    128-bit BLAKE2b of the parent's hash and the token ids, stable across processes."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(b"\x00" * 17 if parent is None else b"\x01" + parent.to_bytes(16, "little"))
+    h.update(array("q", token_ids).tobytes())
+    return int.from_bytes(h.digest(), "little")
+
+
+class KVSpill(Protocol):
+    """Where registered blocks go when memory lets them go, and come back from
+    (``roseinfer.kvcache.tier.KVDiskTier``)."""
+
+    def save(self, block_id: int, key: int, parent: int | None, tokens: tuple[int, ...],
+             evicted: bool = True) -> None: ...
+
+    def contains(self, key: int) -> bool: ...
+
+    def load(self, block_id: int, key: int, parent: int | None,
+             tokens: tuple[int, ...]) -> bool: ...
 
 
 @dataclass(slots=True)
@@ -63,6 +91,7 @@ class BlockManager:
         # Prefix-cache counters (tokens), read by metrics.
         self.prefix_queries = 0
         self.prefix_hits = 0
+        self.disk: KVSpill | None = None  # the disk tier (kv_cache_dir), set by the engine
 
     # ------------------------------------------------------------------ state
     @property
@@ -124,10 +153,46 @@ class BlockManager:
                 break
             block = self.blocks[block_id]
             if block.parent_hash != parent or block.token_ids != tuple(tokens[i * bs:(i + 1) * bs]):
-                break  # hash collision: not the same content
+                return hits  # hash collision: not the same content
             hits.append(block_id)
             parent = h
+        if self.disk is not None and len(hits) < max_blocks:
+            hits += self._load_from_disk(request, hits, max_blocks)
         return hits
+
+    def _load_from_disk(self, request: Request, hits: list[int], max_blocks: int) -> list[int]:
+        """Blocks ``len(hits)``.. of the request found on disk, loaded into the pool as
+        cached blocks (in chain order, stopping at the first miss)."""
+        disk = self.disk
+        assert disk is not None
+        for block_id in hits:  # the next loads take the LRU front: never these
+            if self.blocks[block_id].ref_count == 0:
+                self._free_queue.move_to_end(block_id)
+        protected = set(hits)
+        loaded: list[int] = []
+        bs = self.block_size
+        tokens = request.all_token_ids
+        start = len(hits)
+        parent = request.block_hashes[start - 1] if start else None
+        for i in range(start, max_blocks):
+            h = request.block_hashes[i]
+            if h in self._cached or not self._free_queue:
+                break  # in memory with other content (a collision), or no block to fill
+            if next(iter(self._free_queue)) in protected or not disk.contains(h):
+                break
+            block_id = self._take_fresh_block()
+            block_tokens = tuple(tokens[i * bs:(i + 1) * bs])
+            if not disk.load(block_id, h, parent, block_tokens):
+                self._release(block_id)  # unregistered: back to the front of the LRU
+                break
+            block = self.blocks[block_id]
+            block.block_hash, block.parent_hash, block.token_ids = h, parent, block_tokens
+            self._cached[h] = block_id
+            self._release(block_id)  # cached, most recently used
+            loaded.append(block_id)
+            protected.add(block_id)
+            parent = h
+        return loaded
 
     def record_prefix_lookup(self, num_queried_tokens: int, num_hit_tokens: int) -> None:
         self.prefix_queries += num_queried_tokens
@@ -170,6 +235,8 @@ class BlockManager:
         block_id, _ = self._free_queue.popitem(last=False)
         block = self.blocks[block_id]
         if block.block_hash is not None:  # evict its cached prefix
+            if self.disk is not None:  # (its K/V are copied out before the slot is reused)
+                self.disk.save(block_id, block.block_hash, block.parent_hash, block.token_ids)
             if self._cached.get(block.block_hash) == block_id:
                 del self._cached[block.block_hash]
             block.block_hash = None
@@ -223,6 +290,16 @@ class BlockManager:
             block.token_ids = tuple(tokens[i * bs:(i + 1) * bs])
             self._cached[h] = block.block_id
         request.num_offered_blocks = max(request.num_offered_blocks, num_full)
+
+    def persist(self) -> None:
+        """Offer every registered block, in use or cached, to the disk tier (the engine
+        is idle or shutting down)."""
+        if self.disk is None:
+            return
+        for block in self.blocks:
+            if block.block_hash is not None:
+                self.disk.save(block.block_id, block.block_hash, block.parent_hash,
+                               block.token_ids, evicted=False)
 
     def reset_prefix_cache(self) -> None:
         """Forget every unused cached block (used ones keep their entries)."""

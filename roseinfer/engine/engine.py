@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
+import weakref
 
 import torch
 from torch import nn
@@ -41,6 +42,7 @@ from roseinfer.engine.stats import EngineStats
 from roseinfer.engine.step_sampler import StepSampler
 from roseinfer.engine.structured import GrammarCompiler, StructuredDecoding
 from roseinfer.engine.validation import InvalidRequestError, RequestValidator
+from roseinfer.kvcache.tier import open_disk_tier
 from roseinfer.model.config import ModelConfig
 from roseinfer.outputs import RequestMetrics, RequestOutput
 from roseinfer.runner.model_runner import StepLogits
@@ -76,7 +78,7 @@ class LLMEngine:
         self.quantization = config.resolved_quantization(self.device.type)
         self.kv_dtype = _TORCH_DTYPES[config.resolved_kv_cache_dtype(self.device.type)]
         block_size = config.block_size
-        self.runner, model_config, tokenizer = build_runner(
+        self.runner, model_config, tokenizer, weights = build_runner(
             config, self.device, self.dtype, self.quantization, self.kv_dtype, model,
             model_config, tokenizer)
         num_blocks = self.runner.num_blocks
@@ -87,6 +89,13 @@ class LLMEngine:
         self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
                                  model_config.max_position_embeddings, capacity)
         self.block_manager = BlockManager(num_blocks, block_size, config.enable_prefix_caching)
+        # Persistent prefix cache (kv_cache_dir): blocks spill to disk and come back.
+        self.kv_disk = (open_disk_tier(config, self.runner.kv_caches, model_config, weights,
+                                       self.quantization, self.dtype)
+                        if config.kv_cache_dir is not None else None)
+        if self.kv_disk is not None:
+            self.block_manager.disk = self.kv_disk
+            self._kv_disk_finalizer = weakref.finalize(self, self.kv_disk.close, 10.0)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
                                    config.max_num_batched_tokens, self.max_model_len)
         unseeded_rng = torch.Generator(device=self.device)
@@ -120,9 +129,14 @@ class LLMEngine:
         return self.runner.failure
 
     def shutdown(self) -> None:
-        """Release the runner's processes (tensor-parallel workers); idempotent, also
-        done when the engine is collected or the interpreter exits.  Steps after it
-        fail with ``ModelFailedError``."""
+        """Release the runner's processes (tensor-parallel workers) and write the prefix
+        cache's blocks to ``kv_cache_dir`` (waits for the writes, at most 30 s);
+        idempotent, also done when the engine is collected or the interpreter exits.
+        Steps after it fail with ``ModelFailedError``."""
+        if self.kv_disk is not None and self._kv_disk_finalizer.alive:
+            self.block_manager.persist()
+            self.kv_disk.close(30.0)
+            self._kv_disk_finalizer.detach()
         self.runner.shutdown()
 
     # -------------------------------------------------------------- requests
@@ -276,6 +290,8 @@ class LLMEngine:
         outputs = self._make_outputs(advanced, failed_groups)
         if self.spec is not None:  # what a step of this many rows costs: drafts' worth
             self.spec.observe_step(sched.num_tokens, time.perf_counter() - start)
+        if self.kv_disk is not None and not self._groups:
+            self.block_manager.persist()  # idle: the prefix cache goes to disk (background)
         return outputs
 
     def _execute(self, scheduled: list[ScheduledRequest], failed: dict[Request, str]
@@ -396,6 +412,13 @@ class LLMEngine:
         s.kv_cache_usage = self.block_manager.usage
         s.prefix_cache_queries = self.block_manager.prefix_queries
         s.prefix_cache_hits = self.block_manager.prefix_hits
+        if self.kv_disk is not None:
+            d = self.kv_disk.stats
+            s.kv_disk_hit_tokens = d.hits * self.block_manager.block_size
+            s.kv_disk_misses = d.misses
+            s.kv_disk_read_bytes = d.read_bytes
+            s.kv_disk_written_bytes = d.written_bytes
+            s.kv_disk_rejected = d.rejected
         return s
 
 

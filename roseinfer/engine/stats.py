@@ -23,6 +23,13 @@ class EngineStats:
     prefix_cache_queries: int = 0  # prompt tokens looked up
     prefix_cache_hits: int = 0  # prompt tokens served from cache
     finished: dict[str, int] = field(default_factory=dict)  # finish reason -> count
+    # Persistent prefix cache (kv_cache_dir): prompt tokens loaded from disk, lookups that
+    # found nothing there, bytes read and written, files rejected (corrupt / foreign).
+    kv_disk_hit_tokens: int = 0
+    kv_disk_misses: int = 0
+    kv_disk_read_bytes: int = 0
+    kv_disk_written_bytes: int = 0
+    kv_disk_rejected: int = 0
     # Speculative decoding (vLLM's names): verifications with drafts, drafted and
     # accepted tokens, and accepted tokens by draft position (0 = the first draft).
     spec_decode_num_drafts: int = 0

@@ -67,6 +67,7 @@ class _EngineCollector(Collector):
                             s.prefix_cache_queries)
         yield self._counter("prefix_cache_hits", "Prompt tokens served from the prefix cache.",
                             s.prefix_cache_hits)
+        yield from _kv_disk_metrics(s, self)
         yield from _spec_decode_metrics(s, self._model)
         success = CounterMetricFamily(PREFIX + "request_success",
                                       "Finished sequences by finish reason.",
@@ -74,6 +75,20 @@ class _EngineCollector(Collector):
         for reason in sorted({"stop", "length", "abort", *s.finished}):
             success.add_metric([self._model, reason], s.finished.get(reason, 0))
         yield success
+
+
+def _kv_disk_metrics(s: EngineStats, c: _EngineCollector) -> Iterator[Metric]:
+    """The persistent prefix cache (``--kv-cache-dir``; zeros while it is off)."""
+    yield c._counter("kv_disk_cache_hits", "Prompt tokens whose KV was loaded from disk.",
+                     s.kv_disk_hit_tokens)
+    yield c._counter("kv_disk_cache_misses", "Block lookups on disk that found nothing.",
+                     s.kv_disk_misses)
+    yield c._counter("kv_disk_cache_read_bytes", "Bytes of KV blocks read from disk.",
+                     s.kv_disk_read_bytes)
+    yield c._counter("kv_disk_cache_written_bytes", "Bytes of KV blocks written to disk.",
+                     s.kv_disk_written_bytes)
+    yield c._counter("kv_disk_cache_rejected", "Block files ignored: corrupt, truncated or "
+                     "of another model.", s.kv_disk_rejected)
 
 
 def _spec_decode_metrics(s: EngineStats, model: str) -> Iterator[Metric]:

@@ -12,15 +12,23 @@ from pydantic import BaseModel, Field, model_serializer
 from roseinfer.server.protocol import ToolCall
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int  # prompt tokens served by the prefix cache (memory or disk)
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
     @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int) -> Usage:
+    def of(cls, prompt_tokens: int, completion_tokens: int,
+           cached_tokens: int | None = None) -> Usage:
+        details = None if cached_tokens is None else PromptTokensDetails(
+            cached_tokens=cached_tokens)
         return cls(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                   total_tokens=prompt_tokens + completion_tokens)
+                   total_tokens=prompt_tokens + completion_tokens, prompt_tokens_details=details)
 
 
 class TopLogprob(BaseModel):

@@ -117,7 +117,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
             logprobs=chat_logprobs(c.token_ids, c.logprobs or [], top_n, decode)
             if top_n is not None else None))
     return ChatCompletionResponse(id=rid, model=model, choices=choices,
-                                  usage=Usage.of(len(prompt_ids), _completion_tokens([final])))
+                                  usage=Usage.of(len(prompt_ids), _completion_tokens([final]),
+                                                 final.num_cached_tokens))
 
 
 async def _chat_events(state: ServerState, stream: RequestStream, rid: str, model: str,
@@ -131,7 +132,7 @@ async def _chat_events(state: ServerState, stream: RequestStream, rid: str, mode
     started: set[int] = set()
     done: set[int] = set()
     decode = _decoder(state)
-    completion_tokens = 0
+    completion_tokens = cached_tokens = 0
 
     def chunk(index: int, delta: DeltaMessage, finish: str | None = None,
               logprobs: Any = None) -> str:
@@ -142,6 +143,7 @@ async def _chat_events(state: ServerState, stream: RequestStream, rid: str, mode
 
     try:
         async for out in stream:
+            cached_tokens = out.num_cached_tokens
             for c in out.outputs:
                 if c.index in done or (not c.delta_token_ids and c.finish_reason is None):
                     continue
@@ -175,7 +177,8 @@ async def _chat_events(state: ServerState, stream: RequestStream, rid: str, mode
                                 finish_reason(c.finish_reason, bool(parser.calls)))
         if include_usage:
             usage = ChatCompletionChunk(id=rid, created=created, model=model, choices=[],
-                                        usage=Usage.of(num_prompt, completion_tokens))
+                                        usage=Usage.of(num_prompt, completion_tokens,
+                                                       cached_tokens))
             yield sse(usage.model_dump_json())
     except Exception as exc:  # an engine failure ends the stream with an error event
         yield _stream_error(exc)
@@ -239,7 +242,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response | A
                for c in finals[rid].outputs]
     return CompletionResponse(id=base, model=model, choices=choices,
                               usage=Usage.of(ctx.num_prompt, _completion_tokens(
-                                  list(finals.values()))))
+                                  list(finals.values())),
+                                  sum(f.num_cached_tokens for f in finals.values())))
 
 
 class _CompletionContext:
@@ -284,6 +288,7 @@ class _CompletionContext:
         exclude = None if self.include_usage else {"usage"}
         offsets: dict[int, int] = {}
         completion_tokens = 0
+        cached: dict[int, int] = {}  # prompt index -> its prefix-cache hit tokens
 
         def chunk(index: int, text: str, finish: str | None,
                   lps: CompletionLogprobs | None) -> str:
@@ -295,6 +300,7 @@ class _CompletionContext:
         try:
             async for out in stream:
                 i = self.index_of[out.request_id]
+                cached[i] = out.num_cached_tokens
                 for c in out.outputs:
                     index = i * self.n + c.index
                     if index not in offsets and (c.delta_token_ids or c.finish_reason):
@@ -320,7 +326,8 @@ class _CompletionContext:
             if self.include_usage:
                 usage = CompletionResponse(id=self.cid, created=created, model=self.model,
                                            choices=[],
-                                           usage=Usage.of(self.num_prompt, completion_tokens))
+                                           usage=Usage.of(self.num_prompt, completion_tokens,
+                                                          sum(cached.values())))
                 yield sse(usage.model_dump_json())
         except Exception as exc:  # an engine failure ends the stream with an error event
             yield _stream_error(exc)

@@ -56,7 +56,11 @@ def test_chat_equals_offline_stream_and_usage(server, offline_llm) -> None:
     assert "".join(ch.choices[0].delta.content or "" for ch in body) == r.choices[0].message.content
     assert body[-1].choices[0].finish_reason == r.choices[0].finish_reason
     assert all(ch.choices[0].finish_reason is None for ch in body[:-1])
-    assert chunks[-1].choices == [] and chunks[-1].usage == r.usage
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and (usage.prompt_tokens, usage.completion_tokens) == (
+        r.usage.prompt_tokens, r.usage.completion_tokens)
+    # The same prompt again: every full block but the last token's is a prefix-cache hit.
+    assert usage.prompt_tokens_details.cached_tokens == (usage.prompt_tokens - 1) // 16 * 16
 
 
 @pytest.mark.parametrize("extra", [{}, {"stop": [" and"], "max_tokens": 24}],
