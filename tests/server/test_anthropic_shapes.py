@@ -148,10 +148,17 @@ def test_turn_fields() -> None:
             turn_fields(prefill)["continue_final_message"]) == (False, True)
 
 
-def test_thinking_budget_must_be_below_max_tokens() -> None:
+def test_thinking_rules() -> None:
     with pytest.raises(APIError) as info:
         turn_fields(request(thinking={"type": "enabled", "budget_tokens": 1024}, max_tokens=1024))
     assert info.value.param == "thinking.budget_tokens"
+    tools = [{"name": "get", "input_schema": SCHEMA}]
+    for choice in ({"type": "any"}, {"type": "tool", "name": "get"}):
+        with pytest.raises(APIError) as info:
+            turn_fields(request(thinking={"type": "adaptive"}, tools=tools, tool_choice=choice))
+        assert info.value.param == "tool_choice"
+    assert turn_fields(request(thinking={"type": "adaptive"}, tools=tools,
+                               tool_choice={"type": "auto"}))["tool_choice"] == "auto"
 
 
 def test_count_tokens_body_has_no_sampling() -> None:

@@ -150,17 +150,23 @@ def structured(body: ConversationFields) -> StructuredOutputsParams | None:
         raise bad_request(f"output_config.format: {exc}", STRUCTURED_PARAM) from exc
 
 
-def check_thinking_budget(body: MessagesRequest) -> None:
-    """Anthropic's rule: an enabled thinking budget is below ``max_tokens``."""
+def check_thinking(body: ConversationFields) -> None:
+    """Anthropic's rules: an enabled thinking budget is below ``max_tokens``, and a
+    thinking reply cannot be forced to open with a call (``tool_choice`` any / tool)."""
     budget = getattr(body.thinking, "budget_tokens", None)
-    if budget is not None and budget >= body.max_tokens:
+    max_tokens = getattr(body, "max_tokens", None)
+    if budget is not None and max_tokens is not None and budget >= max_tokens:
         raise bad_request(f"thinking.budget_tokens ({budget}) must be less than max_tokens "
-                          f"({body.max_tokens})", "thinking.budget_tokens")
+                          f"({max_tokens})", "thinking.budget_tokens")
+    if thinking_enabled(body) and isinstance(body.tool_choice, ToolChoiceAny | ToolChoiceTool):
+        raise bad_request("Thinking may not be enabled when tool_choice forces tool use "
+                          "(any / tool): use auto or none, or disable thinking", "tool_choice")
 
 
 def conversation_fields(body: ConversationFields) -> dict[str, Any]:
     """The chat turn's fields of the conversation alone (what ``count_tokens`` renders):
     messages, tools, the constraint and the template's options."""
+    check_thinking(body)
     prefill = ends_with_prefill(body)
     return {"messages": chat_messages(body), **tool_fields(body),
             "structured": structured(body), "chat_template_kwargs": template_kwargs(body),
@@ -169,7 +175,6 @@ def conversation_fields(body: ConversationFields) -> dict[str, Any]:
 
 def turn_fields(body: MessagesRequest) -> dict[str, Any]:
     """The whole request's chat turn fields (``ChatTurn`` keyword arguments)."""
-    check_thinking_budget(body)
     sampling = {"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
                 "stop": tuple(body.stop_sequences) if body.stop_sequences else None}
     return {**conversation_fields(body), "max_tokens": body.max_tokens,
