@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from roseinfer.engine.async_engine import AsyncEngine
 from roseinfer.server import routes_chat, routes_misc, routes_openai, routes_ui
+from roseinfer.server.anthropic import routes as anthropic_routes
 from roseinfer.server.anthropic.errors import shaped_for
 from roseinfer.server.early_answer import answer, drain, header, reject
 from roseinfer.server.errors import APIError, install_error_handlers
@@ -154,6 +155,7 @@ def create_app(async_engine: AsyncEngine, settings: ServerSettings | None = None
     app.include_router(routes_chat.router)
     app.include_router(routes_openai.router)
     app.include_router(routes_misc.router)
+    app.include_router(anthropic_routes.router)
     if settings.ui:
         app.include_router(routes_ui.build_router(UiAssets(STATIC_DIR)))
     app.add_middleware(GuardMiddleware, settings=settings)
