@@ -230,3 +230,8 @@ def test_errors_in_anthropics_shape(client: anthropic.Anthropic, ts: TinyServer)
                          headers={**headers, "x-api-key": "wrong"})
     assert refused.status_code == 401 and refused.json()["error"]["type"] == (
         "authentication_error")
+    for method, path in (("GET", "/v1/messages"), ("POST", "/v1/messages/batches")):
+        unknown = httpx.request(method, f"{ts.url}{path}", headers=headers, timeout=30)
+        error = unknown.json()["error"]
+        assert unknown.status_code == 404 and error["type"] == "not_found_error"
+        assert f"{method} {path}" in error["message"]

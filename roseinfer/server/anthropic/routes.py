@@ -53,6 +53,7 @@ from roseinfer.server.chat_pipeline import (
     prepare_chat,
     submit_chat,
 )
+from roseinfer.server.errors import APIError
 from roseinfer.server.prompt_gate import get_gate
 from roseinfer.server.state import get_state
 from roseinfer.server.streaming import StreamResponse
@@ -143,3 +144,12 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> Response:
     state.check_model(body.model)
     turn = ChatTurn(**conversation_fields(body), fields=FIELDS)
     return JSONResponse({"input_tokens": await count_chat_tokens(state, get_gate(request), turn)})
+
+
+@router.api_route("/v1/messages{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+                  response_model=None, include_in_schema=False)
+async def unknown(request: Request) -> Response:
+    """Any other method or path under ``/v1/messages``: a 404 in Anthropic's shape that
+    names what was asked for and what exists."""
+    raise APIError(404, f"Not found: {request.method} {request.url.path} (this server has "
+                   "POST /v1/messages and POST /v1/messages/count_tokens)")
