@@ -230,6 +230,10 @@ def test_errors_in_anthropics_shape(client: anthropic.Anthropic, ts: TinyServer)
                          headers={**headers, "x-api-key": "wrong"})
     assert refused.status_code == 401 and refused.json()["error"]["type"] == (
         "authentication_error")
+    models = httpx.get(f"{ts.url}/v1/models", headers={"x-api-key": KEY}, timeout=30)
+    assert models.status_code == 200  # the key is taken as x-api-key on every route
+    models = httpx.get(f"{ts.url}/v1/models", headers={"x-api-key": "wrong"}, timeout=30)
+    assert models.status_code == 401 and "type" not in models.json()  # OpenAI's shape there
     for method, path in (("GET", "/v1/messages"), ("POST", "/v1/messages/batches")):
         unknown = httpx.request(method, f"{ts.url}{path}", headers=headers, timeout=30)
         error = unknown.json()["error"]
