@@ -4,7 +4,9 @@ message, and the SSE event format."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -243,3 +245,25 @@ def test_sse_events_and_errors() -> None:
     assert error_body(500, "x")["error"]["type"] == "api_error"
     assert is_anthropic_path("/v1/messages/count_tokens") and not is_anthropic_path(
         "/v1/messagesx")
+
+
+def test_keepalive_pings_a_quiet_stream() -> None:
+    async def slow() -> AsyncIterator[int]:
+        for i in range(3):
+            await asyncio.sleep(0.25 if i == 1 else 0)
+            yield i
+
+    async def collect(limit: int | None = None) -> list[int | None]:
+        out: list[int | None] = []
+        stream = sse.keepalive(slow(), 0.05)
+        async for item in stream:
+            out.append(item)
+            if limit is not None and len(out) == limit:
+                await stream.aclose()  # the pending item is cancelled
+                break
+        return out
+
+    items = asyncio.run(collect())
+    assert [i for i in items if i is not None] == [0, 1, 2]
+    assert 2 <= items.count(None) <= 6 and items.index(None) == 1
+    assert asyncio.run(collect(limit=2)) == [0, None]

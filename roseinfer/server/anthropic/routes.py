@@ -100,17 +100,19 @@ def _content(choice: ChoiceResult, omit_thinking: bool) -> list[Payload]:
 
 
 async def _events(events: AsyncIterator[ChatEvent], message_id: str, model: str,
-                  input_tokens: int, stops: list[str] | None,
-                  omit_thinking: bool) -> AsyncIterator[str]:
+                  input_tokens: int, stops: list[str] | None, omit_thinking: bool,
+                  ping_interval: float = sse.PING_INTERVAL_S) -> AsyncIterator[str]:
     """The stream's SSE events of the pipeline's events."""
     yield sse.event(sse.message_start(message_id, model, input_tokens))
     yield sse.event(sse.PING)
     writer = BlockWriter(omit_thinking)
     finish: ChoiceFinish | None = None
     output_tokens = 0
-    async for event in events:
+    async for event in sse.keepalive(events, ping_interval):
         ops: list[Payload] = []
-        if isinstance(event, ReasoningDelta):
+        if event is None:
+            yield sse.event(sse.PING)
+        elif isinstance(event, ReasoningDelta):
             ops = writer.reasoning(event.text)
         elif isinstance(event, TextDelta):
             ops = writer.text(event.text)

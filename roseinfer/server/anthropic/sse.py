@@ -4,19 +4,25 @@ A message is ``{"id": "msg_...", "type": "message", "role": "assistant", "conten
 "model", "stop_reason", "stop_sequence", "usage"}``. A stream is ``message_start`` (the
 message with no content, ``stop_reason`` null), ``ping``, the blocks' ``content_block_*``
 events, ``message_delta`` (``stop_reason``, ``stop_sequence``, ``usage.output_tokens``)
-and ``message_stop``; every event has an ``event:`` line naming its ``type`` (the SDK
+and ``message_stop``; more ``ping`` events keep a quiet stream alive (``keepalive``).
+Every event has an ``event:`` line naming its ``type`` (the SDK
 skips events without one). A failure after the stream began is an ``error`` event in
 Anthropic's error shape, and the stream ends there.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar
 
 from roseinfer.server.anthropic.blocks import Payload
 
+T = TypeVar("T")
 PING: Payload = {"type": "ping"}
+PING_INTERVAL_S = 10.0  # a ping when nothing else was sent for this long (a long prefill)
 MESSAGE_STOP: Payload = {"type": "message_stop"}
 
 
@@ -56,3 +62,30 @@ def message_delta(stop_reason: str, stop_sequence: str | None, input_tokens: int
 def error_event(body: dict[str, Any]) -> str:
     """An ``error`` event carrying Anthropic's error body (``errors.error_body``)."""
     return event(body)
+
+
+async def keepalive(items: AsyncIterator[T], interval: float) -> AsyncIterator[T | None]:
+    """``items``, with a None each time ``interval`` seconds pass without one (the
+    caller sends a ``ping`` then). The pending item is awaited, never cancelled, unless
+    the consumer stops first."""
+    iterator = aiter(items)
+    pending: asyncio.Future[T] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(iterator))
+            done, _ = await asyncio.wait({pending}, timeout=interval)
+            if not done:
+                yield None
+                continue
+            try:
+                item = pending.result()
+            except StopAsyncIteration:
+                return
+            pending = None
+            yield item
+    finally:
+        if pending is not None and not pending.done():
+            pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, Exception):
+                await pending
