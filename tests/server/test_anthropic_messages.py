@@ -126,9 +126,9 @@ def test_stream_joins_to_the_final_message(client: anthropic.Anthropic) -> None:
 
 def test_stop_sequence(client: anthropic.Anthropic) -> None:
     text = text_of(create(client, temperature=0, max_tokens=24))
-    cut = len(text) // 2
-    stop = text[cut:cut + 3]
-    assert stop.strip(), text  # a random model may write anything: the test needs text
+    stop = next((text[k:k + 3] for k in range(len(text) // 2, len(text) - 2)
+                 if text[k:k + 3].strip()), None)
+    assert stop, text  # a random model may write anything: the test needs some text
     msg = create(client, temperature=0, max_tokens=24, stop_sequences=["@@never@@", stop])
     assert (msg.stop_reason, msg.stop_sequence) == ("stop_sequence", stop)
     assert text_of(msg) == text[:text.index(stop)]
