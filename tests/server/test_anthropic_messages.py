@@ -143,6 +143,19 @@ def test_prefill_continues_the_assistant_message(client: anthropic.Anthropic) ->
                                             "content": "The weather in Paris is"}]).input_tokens
 
 
+def test_output_format_constrains_the_text(client: anthropic.Anthropic) -> None:
+    schema = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 8}},
+              "required": ["answer"], "additionalProperties": False}
+    msg = create(client, output_config={"format": {"type": "json_schema", "schema": schema}},
+                 max_tokens=60)
+    assert msg.stop_reason == "end_turn", msg
+    jsonschema.validate(json.loads(text_of(msg)), schema)
+    with pytest.raises(anthropic.BadRequestError) as info:
+        create(client, output_config={"format": {"type": "json_schema",
+                                                 "schema": {"type": "nonsense"}}})
+    assert "output_config.format" in error_of(info, 400, "invalid_request_error")
+
+
 def check_call(block: Any) -> None:
     assert block.type == "tool_use" and block.id.startswith("toolu_")
     assert block.name == "get_weather"
