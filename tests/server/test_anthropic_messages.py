@@ -247,8 +247,10 @@ def test_errors_in_anthropics_shape(client: anthropic.Anthropic, ts: TinyServer)
     assert models.status_code == 200  # the key is taken as x-api-key on every route
     models = httpx.get(f"{ts.url}/v1/models", headers={"x-api-key": "wrong"}, timeout=30)
     assert models.status_code == 401 and "type" not in models.json()  # OpenAI's shape there
-    for method, path in (("GET", "/v1/messages"), ("POST", "/v1/messages/batches")):
+    for method, path, status, kind in (
+            ("GET", "/v1/messages", 405, "invalid_request_error"),
+            ("POST", "/v1/messages/batches", 404, "not_found_error")):
         unknown = httpx.request(method, f"{ts.url}{path}", headers=headers, timeout=30)
         error = unknown.json()["error"]
-        assert unknown.status_code == 404 and error["type"] == "not_found_error"
+        assert (unknown.status_code, error["type"]) == (status, kind)
         assert f"{method} {path}" in error["message"]

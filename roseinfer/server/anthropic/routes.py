@@ -60,6 +60,7 @@ from roseinfer.server.streaming import StreamResponse
 
 router = APIRouter(route_class=AnthropicRoute)
 FIELDS = FieldNames(structured=STRUCTURED_PARAM)
+ROUTES = ("/v1/messages", "/v1/messages/count_tokens")
 
 
 def _omit_thinking(body: ConversationFields) -> bool:
@@ -151,7 +152,9 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> Response:
 @router.api_route("/v1/messages{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
                   response_model=None, include_in_schema=False)
 async def unknown(request: Request) -> Response:
-    """Any other method or path under ``/v1/messages``: a 404 in Anthropic's shape that
-    names what was asked for and what exists."""
-    raise APIError(404, f"Not found: {request.method} {request.url.path} (this server has "
-                   "POST /v1/messages and POST /v1/messages/count_tokens)")
+    """Any other method or path under ``/v1/messages``: a 405 (with ``Allow``) or 404 in
+    Anthropic's shape that names what was asked for and what exists."""
+    asked = f"{request.method} {request.url.path}"
+    if request.url.path in ROUTES:
+        raise APIError(405, f"Method not allowed: {asked} (use POST)", headers={"Allow": "POST"})
+    raise APIError(404, f"Not found: {asked} (this server has POST {' and POST '.join(ROUTES)})")
