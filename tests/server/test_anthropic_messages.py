@@ -31,28 +31,37 @@ TOOLS = [{"name": "get_weather", "description": "The weather in a city",
 NAMED = {"type": "tool", "name": "get_weather"}
 
 
-def ban_whitespace_tokens(server: TinyServer) -> None:
-    """Make the random model one that never writes a whitespace-only token (the OpenAI
-    tool tests send ``logit_bias`` for this, which Anthropic's API does not have): it
-    would otherwise spend its budget on the whitespace JSON allows inside a call."""
-    model = server.engine.runner.model
-    banned = torch.tensor([int(i) for i in no_whitespace()], dtype=torch.long)
-    compute_logits = model.compute_logits
+class LogitsHook:
+    """The random model's logits, changed: whitespace-only tokens are never chosen (the
+    OpenAI tool tests send ``logit_bias`` for this, which Anthropic's API does not have:
+    the model would spend its budget on the whitespace JSON allows inside a call); with
+    ``poison`` set they are NaN, so the engine fails the request (and goes on)."""
 
-    def without_whitespace(hidden: torch.Tensor) -> torch.Tensor:
-        logits = compute_logits(hidden)  # [R, V]
-        logits[:, banned] = -1e4
+    def __init__(self, server: TinyServer) -> None:
+        self.model = server.engine.runner.model
+        self.compute_logits = self.model.compute_logits
+        self.banned = torch.tensor([int(i) for i in no_whitespace()], dtype=torch.long)
+        self.poison = False
+        self.model.compute_logits = self
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.compute_logits(hidden)  # [R, V]
+        logits[:, self.banned] = -1e4
+        if self.poison:
+            logits[:] = float("nan")
         return logits
-
-    model.compute_logits = without_whitespace
 
 
 @pytest.fixture(scope="module")
-def ts() -> Iterator[TinyServer]:
+def served() -> Iterator[tuple[TinyServer, LogitsHook]]:
     settings = ServerSettings(served_model_names=(MODEL_NAME,), api_key=KEY)
     with tokenizer_server(settings) as server:
-        ban_whitespace_tokens(server)
-        yield server
+        yield server, LogitsHook(server)
+
+
+@pytest.fixture(scope="module")
+def ts(served: tuple[TinyServer, LogitsHook]) -> TinyServer:
+    return served[0]
 
 
 @pytest.fixture(scope="module")
@@ -254,3 +263,25 @@ def test_errors_in_anthropics_shape(client: anthropic.Anthropic, ts: TinyServer)
         error = unknown.json()["error"]
         assert (unknown.status_code, error["type"]) == (status, kind)
         assert f"{method} {path}" in error["message"]
+
+
+def test_engine_failure(client: anthropic.Anthropic, served: tuple[TinyServer, LogitsHook]
+                        ) -> None:
+    server, hook = served
+    hook.poison = True
+    try:
+        with pytest.raises(anthropic.InternalServerError) as info:
+            create(client)
+        error_of(info, 500, "api_error")
+        with httpx.stream("POST", f"{server.url}/v1/messages", timeout=60, headers={
+                "x-api-key": KEY}, json={"model": MODEL_NAME, "max_tokens": 4,
+                                         "messages": USER, "stream": True}) as response:
+            text = response.read().decode()
+    finally:
+        hook.poison = False
+    events = [block.split("\n") for block in text.strip().split("\n\n")]
+    assert [e[0] for e in events][0] == "event: message_start"
+    assert events[-1][0] == "event: error", text  # the stream ends with the error
+    body = json.loads(events[-1][1].removeprefix("data: "))
+    assert body["type"] == "error" and body["error"]["type"] == "api_error"
+    assert create(client).type == "message"  # the server goes on
