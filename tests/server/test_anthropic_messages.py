@@ -192,14 +192,18 @@ def test_named_tool_gives_one_call(client: anthropic.Anthropic) -> None:
 
 
 def test_tool_result_follow_up(client: anthropic.Anthropic) -> None:
-    first = create(client, tools=TOOLS, tool_choice={"type": "any"}, max_tokens=200)
-    assert first.stop_reason == "tool_use", first
-    calls = [b for b in first.content if b.type == "tool_use"]
-    results = [{"type": "tool_result", "tool_use_id": calls[0].id, "content": "12 C, rain"}]
-    results += [{"type": "tool_result", "tool_use_id": c.id, "is_error": True,
-                 "content": [{"type": "text", "text": "unknown city"}]} for c in calls[1:]]
-    turn = [*USER, first.to_param(), {"role": "user", "content": [
-        *results, {"type": "text", "text": "Thanks."}]}]
+    first = create(client, tools=TOOLS, max_tokens=200,
+                   tool_choice={"type": "any", "disable_parallel_tool_use": True})
+    assert first.stop_reason == "tool_use" and len(first.content) == 1, first
+    assistant = first.to_param()  # as the SDK sends a reply back (its blocks, nulls kept)
+    assistant["content"] = [*assistant["content"], {
+        "type": "tool_use", "id": "toolu_2", "name": "get_weather",
+        "input": {"city": "Atlantis", "unit": "c"}}]
+    turn = [*USER, assistant, {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": first.content[0].id, "content": "12 C, rain"},
+        {"type": "tool_result", "tool_use_id": "toolu_2", "is_error": True,
+         "content": [{"type": "text", "text": "unknown city"}]},
+        {"type": "text", "text": "Thanks."}]}]
     for choice in ({"type": "auto"}, {"type": "none"}):
         msg = create(client, messages=turn, tools=TOOLS, tool_choice=choice, max_tokens=8)
         assert msg.stop_reason in ("end_turn", "max_tokens", "tool_use")
