@@ -58,7 +58,9 @@ def message_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     for m in messages:
         entry = {"role": m.role, "content": m.text(), "name": m.name,
                  "tool_call_id": m.tool_call_id,
-                 "tool_calls": [c.model_dump() for c in m.tool_calls or ()]}
+                 "tool_calls": [{"id": c.id, "type": "function", "function": {
+                     "name": c.function.name, "arguments": c.function.arguments}}
+                     for c in m.tool_calls or ()]}
         reasoning = m.reasoning_content if m.reasoning_content is not None else m.reasoning
         if reasoning is not None:
             entry["reasoning_content"] = reasoning
