@@ -3,10 +3,10 @@ a real uvicorn: the reasoning of a ``<think>`` block comes back as a ``thinking`
 (whole and streamed alike), ``enable_thinking`` follows ``thinking``, and a thinking
 block sent back in a later turn is accepted.
 
-The tokenizer is the default model's (ChatML, as Qwen3's) plus ``<think>`` / ``</think>``
-tokens, with a Qwen3-style template
-written here: with ``enable_thinking`` the generation prompt opens the ``<think>`` block
-(as Qwen3's thinking-only templates do), without it an empty block is written first.
+The tokenizer is the chat reasoning tests' tiny Qwen3-style one (ChatML, ``<think>`` /
+``</think>`` tokens of their own) with a Qwen3-style template written here: with
+``enable_thinking`` the generation prompt opens the ``<think>`` block (as Qwen3's
+thinking-only templates do), without it an empty block is written first.
 A random model never closes the block, so its whole output is reasoning."""
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from roseinfer.config import EngineConfig
 from roseinfer.engine.async_engine import AsyncEngine
 from roseinfer.engine.engine import LLMEngine
 from roseinfer.model.config import ModelConfig
-from roseinfer.model.loader import default_model_path
 from roseinfer.model.registry import create_model
 from roseinfer.server.app import create_app
 from roseinfer.server.state import ServerSettings
 from roseinfer.tokenizer import Tokenizer
-from tests.server.tokenizer_server import VOCAB_SIZE, TcpServerThread
+from tests.server.test_chat_reasoning import qwen3_tokenizer
+from tests.server.tokenizer_server import TcpServerThread
 
 MODEL_NAME = "tiny-qwen3-thinking"
 QWEN3_STYLE_TEMPLATE = (
@@ -47,29 +47,24 @@ THINK = {"type": "adaptive"}  # "enabled" needs max_tokens > budget_tokens >= 10
 
 
 def qwen3_style_tokenizer(directory: Path) -> Tokenizer:
-    """The default model's tokenizer with ``<think>`` and ``</think>`` added as tokens of
-    their own (as Qwen3 has them: not special, so they are not skipped in decoding) and
-    the Qwen3-style template."""
-    hf = Tokenizer.from_model_path(default_model_path()).hf
-    hf.add_tokens(["<think>", "</think>"])
+    """The chat reasoning tests' tiny Qwen3-style tokenizer (``<think>`` / ``</think>``
+    tokens of their own) with this module's template."""
+    qwen3_tokenizer(directory)
+    hf = transformers.AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
     hf.chat_template = QWEN3_STYLE_TEMPLATE
     hf.save_pretrained(str(directory))
     return Tokenizer.from_model_path(directory)
 
 
-def tiny_qwen3(vocab_size: int) -> transformers.PreTrainedModel:
-    torch.manual_seed(0)
-    config = transformers.Qwen3Config(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        max_position_embeddings=2048, tie_word_embeddings=False)
-    return transformers.Qwen3ForCausalLM(config).eval()
-
-
 @contextlib.contextmanager
 def qwen3_server(directory: Path) -> Iterator[str]:
     tokenizer = qwen3_style_tokenizer(directory)
-    hf = tiny_qwen3(VOCAB_SIZE + 64)  # room for the added tokens
+    torch.manual_seed(0)
+    hf = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
+        vocab_size=tokenizer.vocab_size, hidden_size=64, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        max_position_embeddings=2048, eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False)).eval()
     model_config = ModelConfig.from_hf_dict(hf.config.to_dict())
     model = create_model(model_config, torch.float32, torch.device("cpu"))
     model.load_weights(hf.state_dict().items())
