@@ -9,9 +9,11 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anthropic
 import pytest
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
+from roseinfer.outputs import ToolCall
 from roseinfer.server.anthropic import sse
 from roseinfer.server.anthropic.blocks import BlockWriter, MessageAssembler, stop_reason
 from roseinfer.server.anthropic.convert import (
@@ -22,6 +24,19 @@ from roseinfer.server.anthropic.convert import (
 )
 from roseinfer.server.anthropic.errors import error_body, is_anthropic_path
 from roseinfer.server.anthropic.protocol import CountTokensRequest, MessagesRequest
+from roseinfer.server.anthropic.routes import message_content, stream_events
+from roseinfer.server.chat_events import (
+    ChatError,
+    ChatUsage,
+    ChoiceFinish,
+    ChoiceResult,
+    ChoiceStart,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+    ToolCallEnd,
+    ToolCallStart,
+)
 from roseinfer.server.errors import APIError
 from roseinfer.structured_outputs import StructuredOutputsParams
 
@@ -267,3 +282,66 @@ def test_keepalive_pings_a_quiet_stream() -> None:
     assert [i for i in items if i is not None] == [0, 1, 2]
     assert 2 <= items.count(None) <= 6 and items.index(None) == 1
     assert asyncio.run(collect(limit=2)) == [0, None]
+
+
+def parse_sse(text: str) -> list[dict[str, Any]]:
+    """The payloads of an SSE text, each checked against its ``event:`` line."""
+    out = []
+    for block in text.strip().split("\n\n"):
+        head, data = block.split("\n")
+        payload = json.loads(data.removeprefix("data: "))
+        assert head == f"event: {payload['type']}"
+        out.append(payload)
+    return out
+
+
+def test_stream_events_and_whole_message_agree() -> None:
+    call = ToolCall("call_1", "get", '{"city": "Oslo"}')
+    events = [ChoiceStart(0), ReasoningDelta(0, "Hmm, "), ReasoningDelta(0, "Oslo."),
+              TextDelta(0, "Checking."), ToolCallStart(0, 0, call.id, call.name),
+              ToolCallDelta(0, 0, call.arguments), ToolCallEnd(0, 0, call),
+              ChoiceFinish(0, "tool_calls", None, 9), ChatUsage(5, 9)]
+
+    async def source() -> AsyncIterator[Any]:
+        for event in events:
+            yield event
+
+    async def collect() -> str:
+        return "".join([e async for e in stream_events(source(), "msg_1", "m", 5, None, False)])
+
+    payloads = parse_sse(asyncio.run(collect()))
+    adapter = TypeAdapter(anthropic.types.RawMessageStreamEvent)
+    for payload in payloads:
+        if payload["type"] != "ping":
+            adapter.validate_python(payload)  # the SDK's own event types
+    assert [p["type"] for p in payloads[:2]] == ["message_start", "ping"]
+    assert [p["type"] for p in payloads[-2:]] == ["message_delta", "message_stop"]
+    assert payloads[-2]["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
+    assert payloads[-2]["usage"]["output_tokens"] == 9
+    streamed = MessageAssembler()
+    streamed.apply([p for p in payloads if p["type"].startswith("content_block")])
+    whole = message_content(ChoiceResult(0, "Checking.", "Hmm, Oslo.", [call], "tool_calls",
+                                         None, 9), omit_thinking=False)
+    for blocks in (streamed.content, whole):
+        assert blocks[2].pop("id").startswith("toolu_")
+    assert streamed.content == whole == [
+        {"type": "thinking", "thinking": "Hmm, Oslo.", "signature": ""},
+        {"type": "text", "text": "Checking."},
+        {"type": "tool_use", "name": "get", "input": {"city": "Oslo"}}]
+    message = sse.message("msg_1", "m", whole, "tool_use", None, 5, 9)
+    message["content"][2]["id"] = "toolu_1"
+    anthropic.types.Message.model_validate(message)
+
+
+def test_an_engine_failure_ends_the_stream_with_an_error_event() -> None:
+    async def source() -> AsyncIterator[Any]:
+        yield TextDelta(0, "partial")
+        yield ChatError(APIError(503, "The engine is not available"))
+
+    async def collect() -> str:
+        return "".join([e async for e in stream_events(source(), "msg_1", "m", 5, None, False)])
+
+    payloads = parse_sse(asyncio.run(collect()))
+    assert payloads[-1] == {"type": "error", "error": {
+        "type": "overloaded_error", "message": "The engine is not available"}}
+    assert "message_stop" not in [p["type"] for p in payloads]

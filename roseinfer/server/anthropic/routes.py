@@ -76,20 +76,19 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
     prepared = await prepare_chat(state, get_gate(request), turn, arrival)
     message_id = new_message_id()
     stream = submit_chat(state, prepared, message_id)
-    stops = body.stop_sequences
+    stops, omit = body.stop_sequences, _omit_thinking(body)
     if body.stream:
-        events = _events(chat_events(state, prepared, stream), message_id, model,
-                         len(prepared.prompt_ids), stops, _omit_thinking(body))
+        events = stream_events(chat_events(state, prepared, stream), message_id, model,
+                               len(prepared.prompt_ids), stops, omit)
         return StreamResponse(events, on_close=stream.abort)
     result = await collect_chat(state, prepared, stream, request)
     choice = result.choices[0]
     reason, sequence = stop_reason(choice.finish_reason, choice.stop_reason, stops)
-    return JSONResponse(sse.message(message_id, model, _content(choice, _omit_thinking(body)),
-                                    reason, sequence, result.prompt_tokens,
-                                    result.completion_tokens))
+    return JSONResponse(sse.message(message_id, model, message_content(choice, omit), reason,
+                                    sequence, result.prompt_tokens, result.completion_tokens))
 
 
-def _content(choice: ChoiceResult, omit_thinking: bool) -> list[Payload]:
+def message_content(choice: ChoiceResult, omit_thinking: bool) -> list[Payload]:
     """The blocks of a whole choice, through the same writer as the stream."""
     writer, assembler = BlockWriter(omit_thinking), MessageAssembler()
     assembler.apply(writer.reasoning(choice.reasoning or ""))
@@ -100,7 +99,7 @@ def _content(choice: ChoiceResult, omit_thinking: bool) -> list[Payload]:
     return assembler.content
 
 
-async def _events(events: AsyncIterator[ChatEvent], message_id: str, model: str,
+async def stream_events(events: AsyncIterator[ChatEvent], message_id: str, model: str,
                   input_tokens: int, stops: list[str] | None, omit_thinking: bool,
                   ping_interval: float = sse.PING_INTERVAL_S) -> AsyncIterator[str]:
     """The stream's SSE events of the pipeline's events."""
