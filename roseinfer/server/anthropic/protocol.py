@@ -169,23 +169,22 @@ class Tool(BaseModel):
         'allowed_callers other than ["direct"] are not supported', ["direct"])] = None
 
 
-class ToolChoiceAuto(BaseModel):
+class _ToolChoice(BaseModel):
     model_config = _STRICT
+    disable_parallel_tool_use: bool | None = None  # true: at most one call
+
+
+class ToolChoiceAuto(_ToolChoice):
     type: Literal["auto"]
-    disable_parallel_tool_use: bool | None = None
 
 
-class ToolChoiceAny(BaseModel):
-    model_config = _STRICT
+class ToolChoiceAny(_ToolChoice):
     type: Literal["any"]
-    disable_parallel_tool_use: bool | None = None
 
 
-class ToolChoiceTool(BaseModel):
-    model_config = _STRICT
+class ToolChoiceTool(_ToolChoice):
     type: Literal["tool"]
     name: Text
-    disable_parallel_tool_use: bool | None = None
 
 
 class ToolChoiceNone(BaseModel):
@@ -198,17 +197,18 @@ ToolChoice = Annotated[ToolChoiceAuto | ToolChoiceAny | ToolChoiceTool | ToolCho
 ThinkingDisplay = Literal["summarized", "omitted"]
 
 
-class ThinkingEnabled(BaseModel):
+class _ThinkingOn(BaseModel):
     model_config = _STRICT
+    display: ThinkingDisplay | None = None  # "omitted": the block comes back empty
+
+
+class ThinkingEnabled(_ThinkingOn):
     type: Literal["enabled"]
     budget_tokens: int = Field(ge=1024)  # Anthropic's minimum; must be below max_tokens
-    display: ThinkingDisplay | None = None
 
 
-class ThinkingAdaptive(BaseModel):
-    model_config = _STRICT
+class ThinkingAdaptive(_ThinkingOn):
     type: Literal["adaptive"]
-    display: ThinkingDisplay | None = None
 
 
 class ThinkingDisabled(BaseModel):
