@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
 from roseinfer.sampling_params import MAX_STOP_STRINGS
@@ -25,6 +25,7 @@ from roseinfer.server.protocol import (
     JsonObject,
     StopString,
     Text,
+    _unsupported,  # null or a neutral value, else a 400
 )
 
 _STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
@@ -37,17 +38,6 @@ _UNSUPPORTED_BLOCKS = {
     "tool_reference": "tool_reference blocks are not supported",
 }
 _SERVER_BLOCK_SUFFIXES = ("server_tool_use", "_tool_result")
-
-
-def _unsupported(reason: str, *neutral: Any) -> AfterValidator:
-    """Accepted only when null or a ``neutral`` value (asks for nothing); else a 400."""
-
-    def check(value: Any) -> Any:
-        if value is None or any(value == n for n in neutral):
-            return value
-        raise PydanticCustomError("unsupported", reason)
-
-    return AfterValidator(check)
 
 
 def _block_type(allowed: tuple[str, ...]) -> BeforeValidator:
