@@ -4,12 +4,13 @@ Everything the handlers need sits on ``app.state.server`` (a ``ServerState``).
 Two pure-ASGI guards run before routing and body parsing. Outermost, the
 ``HostGuardMiddleware`` (host_guard.py) refuses foreign Host names and Origins and
 answers CORS preflights. Then the ``GuardMiddleware`` answers 401 when an API key is
-configured and the bearer token is missing or wrong (``/health`` and ``/ping`` stay
-open, ``/metrics`` too with ``AccessSettings.public_metrics``, and the UI's page and
-files), and 413 when the body is over the size limit (by Content-Length, or while
-reading a chunked body, which it buffers and then replays to the app). Early answers
-drain the body first (``early_answer``). A client that disconnects before its body is
-complete never reaches the app.
+configured and the bearer token (or Anthropic's ``x-api-key``) is missing or wrong
+(``/health`` and ``/ping`` stay open, ``/metrics`` too with
+``AccessSettings.public_metrics``, and the UI's page and files), and 413 when the body
+is over the size limit (by Content-Length, or while reading a chunked body, which it
+buffers and then replays to the app); on the Anthropic routes both answer in
+Anthropic's error shape. Early answers drain the body first (``early_answer``). A
+client that disconnects before its body is complete never reaches the app.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from roseinfer.engine.async_engine import AsyncEngine
-from roseinfer.server import routes_misc, routes_openai, routes_ui
+from roseinfer.server import routes_chat, routes_misc, routes_openai, routes_ui
+from roseinfer.server.anthropic import routes as anthropic_routes
+from roseinfer.server.anthropic.errors import shaped_for
 from roseinfer.server.early_answer import answer, drain, header, reject
 from roseinfer.server.errors import APIError, install_error_handlers
 from roseinfer.server.host_guard import HostGuardMiddleware
@@ -62,20 +65,21 @@ class GuardMiddleware:
         if self.api_key is not None and not self._public(scope["path"]):
             if not self._authorized(scope):
                 error = APIError(401, "Invalid or missing API key: send 'Authorization: Bearer "
-                                 "<key>'.", code="invalid_api_key",
+                                 "<key>' (or 'x-api-key: <key>').", code="invalid_api_key",
                                  headers={"WWW-Authenticate": "Bearer"})
-                await reject(error, scope, receive, send, self.drain_limit)
+                await reject(shaped_for(scope["path"], error), scope, receive, send,
+                             self.drain_limit)
                 return
         if scope["method"] in ("POST", "PUT", "PATCH"):
             length = header(scope, b"content-length")
             if length is not None and length.isdigit() and int(length) > self.max_body:
-                await reject(self._too_large(), scope, receive, send, self.drain_limit)
+                await reject(self._too_large(scope), scope, receive, send, self.drain_limit)
                 return
             body, drained, gone = await self._read_body(scope, receive)
             if gone:
                 return  # the client left (or timed out) before its body was complete
             if body is None:
-                await answer(self._too_large(), scope, receive, send, drained)
+                await answer(self._too_large(scope), scope, receive, send, drained)
                 return
             receive = _replay(body, receive)
         await self.app(scope, receive, send)
@@ -85,11 +89,11 @@ class GuardMiddleware:
                 or (self.ui and routes_ui.is_public(path)))
 
     def _authorized(self, scope: Scope) -> bool:
-        value = header(scope, b"authorization") or ""
-        scheme, _, token = value.partition(" ")
-        if scheme.lower() != "bearer" or not token:
-            return False
-        return hmac.compare_digest(token.strip().encode(), self.api_key.encode())
+        """A right ``Authorization: Bearer`` token or Anthropic's ``x-api-key``."""
+        scheme, _, token = (header(scope, b"authorization") or "").partition(" ")
+        keys = [header(scope, b"x-api-key"), token if scheme.lower() == "bearer" else None]
+        return any(hmac.compare_digest(key.strip().encode(), self.api_key.encode())
+                   for key in keys if key)
 
     async def _read_body(self, scope: Scope,
                          receive: Receive) -> tuple[bytes | None, bool, bool]:
@@ -111,9 +115,10 @@ class GuardMiddleware:
             if not more:
                 return b"".join(chunks), True, False
 
-    def _too_large(self) -> APIError:
-        return APIError(413, f"The request body is larger than {self.max_body} bytes.",
-                        code="request_too_large")
+    def _too_large(self, scope: Scope) -> APIError:
+        return shaped_for(scope["path"], APIError(
+            413, f"The request body is larger than {self.max_body} bytes.",
+            code="request_too_large"))
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
@@ -147,8 +152,10 @@ def create_app(async_engine: AsyncEngine, settings: ServerSettings | None = None
     app.state.server = ServerState(async_engine, settings, metrics)
     app.state.prompt_gate = PromptGate()
     install_error_handlers(app)
+    app.include_router(routes_chat.router)
     app.include_router(routes_openai.router)
     app.include_router(routes_misc.router)
+    app.include_router(anthropic_routes.router)
     if settings.ui:
         app.include_router(routes_ui.build_router(UiAssets(STATIC_DIR)))
     app.add_middleware(GuardMiddleware, settings=settings)

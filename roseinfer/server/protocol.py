@@ -102,6 +102,7 @@ class CalledFunction(BaseModel):
     model_config = _REQUEST
     name: Text
     arguments: Text  # JSON text
+    parsed_arguments: Any = None  # the openai SDK's parse() copy of arguments: ignored
 
 
 class ToolCall(BaseModel):
@@ -109,8 +110,9 @@ class ToolCall(BaseModel):
 
     model_config = _REQUEST
     id: Text
-    type: Literal["function"] = "function"
+    type: Literal["function"] | None = "function"
     function: CalledFunction
+    index: int | None = None  # a streamed call's position, as SDK stream helpers keep it
 
 
 def _shaped(model: type[BaseModel], what: str) -> AfterValidator:
@@ -157,6 +159,13 @@ class ChatMessage(BaseModel):
     audio: Annotated[JsonObject | None, _unsupported("audio is not supported")] = None
     refusal: Annotated[Text | None, _unsupported(
         "refusal messages are not supported: send the text as content")] = None
+    # What a response message carries, accepted back as it came (``message.model_dump()``):
+    # the reasoning of a thinking model goes to the template; annotations (citations of
+    # the reply itself) are labels and never shown to the model.
+    reasoning_content: Text | None = None
+    reasoning: Text | None = None  # vLLM's newer name of reasoning_content
+    annotations: Annotated[list[JsonObject], Field(max_length=MAX_CONTENT_PARTS)] | None = None
+    parsed: Any = None  # the openai SDK's parse() result (the content, parsed): ignored
 
     def text(self) -> str:
         if self.content is None:
@@ -243,8 +252,15 @@ class SamplingFields(BaseModel):
                         constraints: Mapping[str, Any] | None = None) -> SamplingParams:
         """SamplingParams from these fields plus ``constraints`` (the output-constraint
         fields, already mapped); ValueError on inconsistent values."""
+        return SamplingParams(max_tokens=max_tokens, logprobs=logprobs,
+                              prompt_logprobs=prompt_logprobs, **self.sampling_kwargs(),
+                              **(constraints or {}))
+
+    def sampling_kwargs(self) -> dict[str, Any]:
+        """SamplingParams keyword arguments of these fields (not ``max_tokens``,
+        ``logprobs``, ``prompt_logprobs`` nor the output constraints)."""
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
-        return SamplingParams(
+        return dict(
             n=self.n or 1,
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
@@ -254,16 +270,12 @@ class SamplingFields(BaseModel):
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
             seed=self.seed,
-            max_tokens=max_tokens,
             min_tokens=self.min_tokens or 0,
             stop=tuple(stop),
             stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=bool(self.ignore_eos),
-            logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs,
             include_stop_str_in_output=bool(self.include_stop_str_in_output),
             skip_special_tokens=self.skip_special_tokens is not False,
-            **(constraints or {}),
         )
 
 
@@ -276,6 +288,11 @@ class ChatCompletionRequest(SamplingFields):
                      _shaped(ToolDefinition, "tool")] | None = None
     tool_choice: Literal["none", "auto", "required"] | JsonObject | None = None
     parallel_tool_calls: bool | None = None
+    # extras (vLLM's chat options; docs/serving.md)
+    chat_template_kwargs: dict[Text, Any] | None = None  # extra template variables
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False  # leave the last (assistant) message open
+    strict_tool_arguments: bool | None = None  # None: the server's --strict-tool-arguments
     # OpenAI features roseinfer does not implement: a 400 unless the value asks for nothing
     functions: Annotated[list[JsonObject] | None, _unsupported(_NO_FUNCTIONS, [])] = None
     function_call: Annotated[Literal["none", "auto"] | JsonObject | None,
