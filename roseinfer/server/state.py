@@ -44,10 +44,15 @@ class ServerSettings:
     ui: bool = False  # the web UI at / (routes_ui); `roseinfer serve` turns it on
     stream_stall_timeout_s: float = 60.0  # abort a stream whose client reads nothing (0: never)
     access: AccessSettings = AccessSettings()  # Host / Origin / public /metrics
+    # stored Responses API responses (previous_response_id): how many, and their JSON bytes
+    responses_store_size: int = 256
+    responses_store_bytes: int = 64 << 20
 
     def __post_init__(self) -> None:
         if not self.served_model_names:
             raise ValueError("at least one served model name is needed")
+        if self.responses_store_size < 0 or self.responses_store_bytes < 0:
+            raise ValueError("the responses store's bounds must be >= 0")
 
 
 @dataclass
