@@ -22,7 +22,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from roseinfer.engine.async_engine import AsyncEngine
-from roseinfer.server import routes_misc, routes_openai, routes_ui
+from roseinfer.server import routes_chat, routes_misc, routes_openai, routes_ui
 from roseinfer.server.early_answer import answer, drain, header, reject
 from roseinfer.server.errors import APIError, install_error_handlers
 from roseinfer.server.host_guard import HostGuardMiddleware
@@ -147,6 +147,7 @@ def create_app(async_engine: AsyncEngine, settings: ServerSettings | None = None
     app.state.server = ServerState(async_engine, settings, metrics)
     app.state.prompt_gate = PromptGate()
     install_error_handlers(app)
+    app.include_router(routes_chat.router)
     app.include_router(routes_openai.router)
     app.include_router(routes_misc.router)
     if settings.ui:

@@ -73,6 +73,13 @@ def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param=param)
 
 
+def refuse_unknown_fields(body: Any) -> None:
+    """A body field this server does not know could change the output: a 400 naming it
+    (``body`` is a pydantic model that keeps its extra fields)."""
+    for name in getattr(body, "model_extra", None) or {}:
+        raise bad_request(f"Unrecognized request argument supplied: {name}", name)
+
+
 def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict[str, Any]:
     return {"error": {"message": safe_text(str(message)), "type": _safe(type),

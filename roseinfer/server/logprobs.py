@@ -7,12 +7,20 @@ holding the chosen token and the top-N alternatives (ranks 1..N).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from roseinfer.outputs import Logprob
 from roseinfer.server.responses import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
 
 Entry = dict[int, Logprob]
 Decode = Callable[[int], str]
+
+
+def token_decoder(tokenizer: Any) -> Decode:
+    """One token id's text with ``tokenizer`` (the id itself without one)."""
+    if tokenizer is None:
+        return str
+    return lambda tid: tokenizer.decode([tid], skip_special_tokens=False)
 
 
 def _text(token_id: int, lp: Logprob | None, decode: Decode) -> str:

@@ -21,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
@@ -50,6 +51,28 @@ def messages_chars(messages: Sequence[ChatMessage],
             total += len(call.id) + len(call.function.name) + len(call.function.arguments)
     for tool in tools or ():
         total += len(json.dumps(tool.model_dump(exclude_none=True)))
+    return total
+
+
+def conversation_chars(messages: Sequence[Mapping[str, Any]],
+                       tools: Sequence[Mapping[str, Any]] | None = None) -> int:
+    """``messages_chars`` of message and tool dicts (``ChatTurn``'s shapes)."""
+    total = 0
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, Sequence):
+            total += sum(len(str(p.get("text", ""))) for p in content if isinstance(p, Mapping))
+        total += len(m.get("name") or "") + len(m.get("tool_call_id") or "")
+        total += len(m.get("reasoning_content") or "")
+        for call in m.get("tool_calls") or ():
+            function = call.get("function") or {}
+            arguments = function.get("arguments")
+            total += len(call.get("id") or "") + len(function.get("name") or "") + len(
+                arguments if isinstance(arguments, str) else json.dumps(arguments))
+    for tool in tools or ():
+        total += len(json.dumps(tool))
     return total
 
 
@@ -111,6 +134,21 @@ class PromptGate:
         async with self._slots:
             return await state.render_chat(messages, add_generation_prompt,
                                            tools=rendered_tools)
+
+    async def render_conversation(self, state: ServerState,
+                                  messages: Sequence[Mapping[str, Any]], *,
+                                  tools: Sequence | None = None, param: str = "messages",
+                                  add_generation_prompt: bool = True,
+                                  continue_final_message: bool = False,
+                                  template_kwargs: Mapping[str, Any] | None = None,
+                                  ) -> tuple[list[int], str]:
+        """Prompt (ids, text) of message dicts, rendered off the event loop in one of
+        the slots (the caller checked their size: ``check_chars``); ``tools`` are the
+        ``Tool`` records the model is shown."""
+        async with self._slots:
+            return await state.render_conversation(
+                messages, tools=tools, param=param, add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message, template_kwargs=template_kwargs)
 
 
 def get_gate(request: Request) -> PromptGate:

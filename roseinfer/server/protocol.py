@@ -243,8 +243,15 @@ class SamplingFields(BaseModel):
                         constraints: Mapping[str, Any] | None = None) -> SamplingParams:
         """SamplingParams from these fields plus ``constraints`` (the output-constraint
         fields, already mapped); ValueError on inconsistent values."""
+        return SamplingParams(max_tokens=max_tokens, logprobs=logprobs,
+                              prompt_logprobs=prompt_logprobs, **self.sampling_kwargs(),
+                              **(constraints or {}))
+
+    def sampling_kwargs(self) -> dict[str, Any]:
+        """SamplingParams keyword arguments of these fields (not ``max_tokens``,
+        ``logprobs``, ``prompt_logprobs`` nor the output constraints)."""
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
-        return SamplingParams(
+        return dict(
             n=self.n or 1,
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
@@ -254,16 +261,12 @@ class SamplingFields(BaseModel):
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
             seed=self.seed,
-            max_tokens=max_tokens,
             min_tokens=self.min_tokens or 0,
             stop=tuple(stop),
             stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=bool(self.ignore_eos),
-            logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs,
             include_stop_str_in_output=bool(self.include_stop_str_in_output),
             skip_special_tokens=self.skip_special_tokens is not False,
-            **(constraints or {}),
         )
 
 

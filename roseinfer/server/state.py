@@ -6,8 +6,9 @@ engines can run in one process (the tests do).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
@@ -32,7 +33,7 @@ from roseinfer.server.metrics import ServerMetrics
 from roseinfer.server.protocol import ChatMessage
 from roseinfer.server.streaming import ClientDisconnectedError, until_disconnect
 from roseinfer.server.tools import message_dicts
-from roseinfer.tool_calls import Tool, chat_prompt_ids
+from roseinfer.tool_calls import Tool, chat_text
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,9 @@ class ServerSettings:
     ui: bool = False  # the web UI at / (routes_ui); `roseinfer serve` turns it on
     stream_stall_timeout_s: float = 60.0  # abort a stream whose client reads nothing (0: never)
     access: AccessSettings = AccessSettings()  # Host / Origin / public /metrics
+    # tool arguments limited to the declared properties unless a schema allows more
+    # (docs/structured-outputs.md, "Tool arguments"); --no-strict-tool-arguments
+    strict_tool_arguments: bool = True
     # stored Responses API responses (previous_response_id): how many, and their JSON bytes
     responses_store_size: int = 256
     responses_store_bytes: int = 64 << 20
@@ -100,15 +104,34 @@ class ServerState:
         """Prompt ids of a conversation; ``tools`` are shown to the model through its
         template when the template renders them, else through the default tool prompt
         (``roseinfer.tool_calls``)."""
+        ids, _ = await self.render_conversation(message_dicts(messages), tools=tools,
+                                                add_generation_prompt=add_generation_prompt)
+        return ids
+
+    async def render_conversation(self, messages: Sequence[Mapping[str, Any]], *,
+                                  tools: Sequence[Tool] | None = None,
+                                  param: str = "messages",
+                                  add_generation_prompt: bool = True,
+                                  continue_final_message: bool = False,
+                                  template_kwargs: Mapping[str, Any] | None = None,
+                                  ) -> tuple[list[int], str]:
+        """Prompt (ids, text) of message dicts (``render_chat``'s, with the template's
+        options); a template error is a 400 naming ``param``."""
         tok = self._tokenizer()
+
+        def render() -> tuple[list[int], str]:
+            text = chat_text(tok, messages, tools, add_generation_prompt,
+                             continue_final_message=continue_final_message,
+                             template_kwargs=template_kwargs)
+            return tok.encode(text, add_special_tokens=False), text
+
         try:
-            return await run_in_threadpool(chat_prompt_ids, tok, message_dicts(messages),
-                                           tools, add_generation_prompt)
+            return await run_in_threadpool(render)
         except ValueError as exc:
-            raise bad_request(str(exc), "messages") from exc
+            raise bad_request(str(exc), param) from exc
         except Exception as exc:  # jinja errors raised by the template itself
             raise bad_request(f"the chat template rejected the messages: {exc}",
-                              "messages") from exc
+                              param) from exc
 
     @property
     def validator(self) -> RequestValidator:

@@ -50,13 +50,16 @@ async def check_constraints(state: ServerState, params: SamplingParams,
                             body: SamplingFields) -> None:
     """Compile the grammar now, on a worker thread (the engine caches it, so the check
     ``ServerState.submit`` repeats is a lookup); a 400 naming the field the client used."""
-    spec = params.structured_outputs
-    if spec is None:
-        return
+    if params.structured_outputs is not None:
+        await compile_constraint(state, params.structured_outputs, constraint_param(body))
+
+
+async def compile_constraint(state: ServerState, spec: StructuredOutputsParams,
+                             param: str) -> None:
+    """Compile ``spec`` off the event loop; a 400 naming ``param`` if it does not."""
     try:
         await run_in_threadpool(state.validator.compile_grammar, spec)
     except InvalidRequestError as exc:
-        param = constraint_param(body)
         raise bad_request(str(exc).replace(_ENGINE_PARAM, param, 1), param) from exc
 
 

@@ -1,42 +1,36 @@
-"""Tool calls in chat responses: the whole message, and the stream's call deltas.
+"""Tool calls in chat completions' shapes: a response message's calls and the stream's
+``delta.tool_calls`` pieces (the pipeline's ``ToolCallStart`` / ``ToolCallDelta``).
 
-Both come from one ``ToolCallParser`` (``roseinfer.tool_calls``), so assembling the
-stream's deltas gives exactly the non-streamed message.
+Calls are parsed once, by ``ToolCallParser`` (``roseinfer.tool_calls``) inside the
+pipeline's reader, so assembling the stream's deltas gives exactly the whole message.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from roseinfer.outputs import ToolCall as MadeCall
 from roseinfer.server.protocol import CalledFunction, ToolCall
-from roseinfer.server.responses import AssistantMessage, DeltaFunction, DeltaMessage, DeltaToolCall
-from roseinfer.tool_calls import (
-    ParsedCall,
-    ToolCallParser,
-    finish_reason,
-    new_call_id,
-    parse_tool_calls,
-)
+from roseinfer.server.responses import DeltaFunction, DeltaMessage, DeltaToolCall
+from roseinfer.tool_calls import ToolCallParser
 
-__all__ = ["ToolCallParser", "call_deltas", "finish_reason", "tool_message"]
+__all__ = ["ToolCallParser", "call_args_delta", "call_start_delta", "message_calls"]
 
 
-def tool_message(text: str, reason: str | None) -> tuple[AssistantMessage, str | None]:
-    """The whole response's message and finish reason (``tool_calls`` when it stopped
-    after making calls)."""
-    content, calls = parse_tool_calls(text)
-    tool_calls = [ToolCall(id=new_call_id(), function=CalledFunction(name=c.name,
-                                                                     arguments=c.arguments))
-                  for c in calls]
-    return (AssistantMessage(content=content or None, tool_calls=tool_calls or None),
-            finish_reason(reason, bool(calls)))
+def message_calls(calls: Sequence[MadeCall]) -> list[ToolCall] | None:
+    """A response message's ``tool_calls`` (None when there are none)."""
+    return [ToolCall(id=c.id, function=CalledFunction(name=c.name, arguments=c.arguments))
+            for c in calls] or None
 
 
-def call_deltas(calls: list[ParsedCall], first_index: int) -> list[DeltaMessage]:
-    """The stream's deltas of completed calls: id, type and name, then the arguments."""
-    out = []
-    for k, call in enumerate(calls, first_index):
-        out.append(DeltaMessage(tool_calls=[DeltaToolCall(
-            index=k, id=new_call_id(), type="function",
-            function=DeltaFunction(name=call.name, arguments=""))]))
-        out.append(DeltaMessage(tool_calls=[DeltaToolCall(
-            index=k, function=DeltaFunction(arguments=call.arguments))]))
-    return out
+def call_start_delta(index: int, call_id: str, name: str) -> DeltaMessage:
+    """A call's first piece: its id, type and name."""
+    return DeltaMessage(tool_calls=[DeltaToolCall(
+        index=index, id=call_id, type="function", function=DeltaFunction(name=name,
+                                                                         arguments=""))])
+
+
+def call_args_delta(index: int, arguments: str) -> DeltaMessage:
+    """A piece of a call's arguments."""
+    return DeltaMessage(tool_calls=[DeltaToolCall(index=index, function=DeltaFunction(
+        arguments=arguments))])

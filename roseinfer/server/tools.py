@@ -7,7 +7,7 @@ The plan, grammar, prompt and parsing live in ``roseinfer.tool_calls`` (shared w
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -18,19 +18,36 @@ from roseinfer.server.errors import bad_request
 from roseinfer.server.protocol import ChatCompletionRequest, ChatMessage, ToolDefinition
 from roseinfer.tool_calls import ToolPlan, call_text
 
-__all__ = ["call_text", "chat_conversation", "message_dicts", "plan_tools", "tool_constraint"]
+__all__ = ["call_text", "chat_conversation", "constrain_tools", "message_dicts",
+           "plan_tool_dicts", "plan_tools", "tool_constraint", "tool_dicts"]
 
 
 def plan_tools(body: ChatCompletionRequest) -> ToolPlan:
     """The body's tool request, checked (APIError 400 naming ``tools`` / ``tool_choice``)."""
+    return plan_tool_dicts(tool_dicts(body.tools or ()), body.tool_choice,
+                           body.parallel_tool_calls)
+
+
+def plan_tool_dicts(tools: Sequence[Mapping[str, Any]] | None,
+                    tool_choice: str | Mapping[str, Any] | None,
+                    parallel_tool_calls: bool | None, names: Any = None) -> ToolPlan:
+    """``tool_calls.plan_tools`` with its errors as 400s naming ``names.tools`` /
+    ``names.tool_choice`` (a ``FieldNames``; None: OpenAI's names)."""
     try:
-        return tool_calls.plan_tools(_tool_dicts(body.tools or ()), body.tool_choice,
-                                     body.parallel_tool_calls)
+        return tool_calls.plan_tools(tools, tool_choice, parallel_tool_calls)
     except InvalidRequestError as exc:
-        raise bad_request(str(exc), exc.param) from exc
+        raise bad_request(str(exc), _named(exc.param, names)) from exc
 
 
-def _tool_dicts(tools: Sequence[ToolDefinition]) -> list[dict[str, Any]]:
+def _named(param: str | None, names: Any) -> str | None:
+    """The API's own name of ``tools`` / ``tool_choice``."""
+    if names is None or param not in ("tools", "tool_choice"):
+        return param
+    return getattr(names, param)
+
+
+def tool_dicts(tools: Sequence[ToolDefinition]) -> list[dict[str, Any]]:
+    """The request's tool models as OpenAI-shaped dicts (unset fields left out)."""
     return [t.model_dump(exclude_none=True) for t in tools]
 
 
@@ -46,7 +63,7 @@ def chat_conversation(messages: Sequence[ChatMessage], native: bool,
     """``tool_calls.conversation`` of the request models (template input)."""
     return tool_calls.conversation(
         message_dicts(messages), native,
-        None if tools is None else tool_calls.parse_tools(_tool_dicts(tools)))
+        None if tools is None else tool_calls.parse_tools(tool_dicts(tools)))
 
 
 async def tool_constraint(plan: ToolPlan, validator: Any,
@@ -63,4 +80,20 @@ async def tool_constraint(plan: ToolPlan, validator: Any,
                                        validator.compile_grammar, other)
     except InvalidRequestError as exc:
         raise bad_request(str(exc), exc.param) from exc
+    return fields if spec is None else {**fields, "structured_outputs": spec}
+
+
+async def constrain_tools(plan: ToolPlan, validator: Any, fields: dict[str, Any],
+                          names: Any = None, *, strict: bool = True,
+                          other_param: str = "response_format") -> dict[str, Any]:
+    """``tool_constraint`` with the request's own field names (``names``, a
+    ``FieldNames``): ``fields`` with the grammar of the calls ``plan`` allows."""
+    if not plan.tools:
+        return fields
+    other = other_param if "structured_outputs" in fields else None
+    try:
+        spec = await run_in_threadpool(tool_calls.tool_constraint, plan,
+                                       validator.compile_grammar, other)
+    except InvalidRequestError as exc:
+        raise bad_request(str(exc), _named(exc.param, names)) from exc
     return fields if spec is None else {**fields, "structured_outputs": spec}

@@ -143,21 +143,52 @@ def _mentions_tools(messages: Sequence[Mapping[str, Any]], tools: Sequence[Tool]
 
 
 def chat_text(tok: Any, messages: Sequence[Mapping[str, Any]],
-              tools: Sequence[Tool] | None = None, add_generation_prompt: bool = True) -> str:
+              tools: Sequence[Tool] | None = None, add_generation_prompt: bool = True, *,
+              continue_final_message: bool = False,
+              template_kwargs: Mapping[str, Any] | None = None) -> str:
     """The prompt text of a conversation through ``tok``'s chat template, with ``tools``
-    shown to the model (the template probe runs only when tools or calls are present)."""
+    shown to the model (the template probe runs only when tools or calls are present).
+    ``template_kwargs`` are extra template variables (e.g. ``enable_thinking``);
+    ``continue_final_message``: the last (assistant) message is left open, the text cut
+    right after its content, for the model to go on writing it."""
     native = _mentions_tools(messages, tools) and template_renders_tools(tok)
     conv = conversation(messages, native, None if native else tools)
-    if native and tools:
-        return str(tok.hf.apply_chat_template(conv, tools=[t.openai() for t in tools],
-                                              tokenize=False,
-                                              add_generation_prompt=add_generation_prompt))
-    return str(tok.apply_chat_template(conv, add_generation_prompt=add_generation_prompt))
+    generation = add_generation_prompt and not continue_final_message
+    if (native and tools) or template_kwargs:
+        extra = dict(template_kwargs or {})
+        if native and tools:
+            extra["tools"] = [t.openai() for t in tools]
+        text = str(tok.hf.apply_chat_template(conv, tokenize=False,
+                                              add_generation_prompt=generation, **extra))
+    else:
+        text = str(tok.apply_chat_template(conv, add_generation_prompt=generation))
+    return _open_final(text, conv) if continue_final_message else text
+
+
+def _open_final(text: str, conv: Sequence[Mapping[str, Any]]) -> str:
+    """``text`` cut right after the last message's content (what transformers'
+    ``continue_final_message`` does), so that message stays open."""
+    final = str(conv[-1].get("content") or "")
+    if not final.strip():
+        raise InvalidRequestError("continue_final_message: the last message has no content "
+                                  "to continue", "messages")
+    end = text.rfind(final.strip())
+    if end < 0:
+        raise InvalidRequestError("continue_final_message: the chat template does not show "
+                                  "the last message's content as it is", "messages")
+    kept = final.lstrip()  # trailing whitespace is kept when the template kept it
+    if text[end:end + len(kept)] != kept:
+        kept = final.strip()
+    return text[:end + len(kept)]
 
 
 def chat_prompt_ids(tok: Any, messages: Sequence[Mapping[str, Any]],
                     tools: Sequence[Tool] | None = None,
-                    add_generation_prompt: bool = True) -> list[int]:
+                    add_generation_prompt: bool = True, *,
+                    continue_final_message: bool = False,
+                    template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
     """``chat_text`` tokenized (no special tokens added: the template wrote them)."""
-    text = chat_text(tok, messages, tools, add_generation_prompt)
+    text = chat_text(tok, messages, tools, add_generation_prompt,
+                     continue_final_message=continue_final_message,
+                     template_kwargs=template_kwargs)
     return tok.encode(text, add_special_tokens=False)
