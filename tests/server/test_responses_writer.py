@@ -13,6 +13,7 @@ from openai.lib.streaming.responses._responses import ResponseStreamState
 from openai.types.responses import Response, ResponseStreamEvent
 
 from roseinfer.server.errors import APIError
+from roseinfer.server.responses_api.convert import chat_messages
 from roseinfer.server.responses_api.objects import ResponseObject, ResponseUsage, echoed
 from roseinfer.server.responses_api.protocol import (
     FunctionCallItem,
@@ -226,3 +227,31 @@ def test_store_bounds() -> None:
     small.put(response(9), [MessageItem(role="user", content="y" * 2000)])  # too large alone
     assert small.get("resp_9") is None
     assert len(ResponseStore(0, 1000)) == 0
+
+
+def test_items_as_chat_messages() -> None:
+    """Instructions first; an assistant message and the calls after it are one message;
+    a reasoning item is the next assistant message's reasoning_content."""
+    request = ResponsesRequest.model_validate({"instructions": "Be brief", "input": [
+        {"role": "developer", "content": [{"type": "input_text", "text": "Use tools."}]},
+        {"role": "user", "content": "Weather?"},
+        {"type": "reasoning", "id": "rs_1", "summary": [],
+         "content": [{"type": "reasoning_text", "text": "Call it."}]},
+        {"role": "assistant", "content": "Checking."},
+        {"type": "function_call", "call_id": "c1", "name": "w", "arguments": "{}"},
+        {"type": "function_call", "call_id": "c2", "name": "w", "arguments": "{\"x\": 1}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "sun"},
+        {"type": "function_call_output", "call_id": "c2",
+         "output": [{"type": "input_text", "text": "rain"}]},
+        {"type": "function_call", "call_id": "c3", "name": "w", "arguments": "{}"}]})
+    call = {"type": "function", "function": {"name": "w", "arguments": "{}"}}
+    assert chat_messages(input_items(request), request.instructions) == [
+        {"role": "system", "content": "Be brief"},
+        {"role": "developer", "content": "Use tools."},
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "Checking.", "reasoning_content": "Call it.",
+         "tool_calls": [{"id": "c1", **call}, {"id": "c2", "type": "function", "function": {
+             "name": "w", "arguments": "{\"x\": 1}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sun"},
+        {"role": "tool", "tool_call_id": "c2", "content": "rain"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c3", **call}]}]
