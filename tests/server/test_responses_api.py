@@ -45,6 +45,12 @@ def client(ts) -> openai.OpenAI:
                          timeout=120)
 
 
+@pytest.fixture(scope="module")
+def no_space() -> dict[str, int]:
+    """logit_bias against whitespace tokens (a random model spends JSON's budget there)."""
+    return no_whitespace()
+
+
 def create(c: openai.OpenAI, **kwargs: Any) -> Any:
     return c.responses.create(model=MODEL_NAME, **kwargs)
 
@@ -115,8 +121,8 @@ def test_stream_events(client, ts) -> None:
     assert "[DONE]" not in blocks[-1]
 
 
-def test_function_call_round_trip(client) -> None:
-    bias = {"logit_bias": no_whitespace()}
+def test_function_call_round_trip(client, no_space) -> None:
+    bias = {"logit_bias": no_space}
     ask = [{"role": "user", "content": "What is the weather in Paris?"}]
     out = create(client, input=ask, tools=[TOOL], tool_choice="required", temperature=0,
                  max_output_tokens=120, parallel_tool_calls=False, extra_body=bias)
@@ -153,6 +159,11 @@ def test_function_call_round_trip(client) -> None:
         tools=[CHAT_TOOL])
     assert follow.usage.input_tokens == twin.usage.prompt_tokens
     assert follow.output_text == (twin.choices[0].message.content or "")
+    # the same turn through previous_response_id: only the call's result is sent
+    chained = create(client, input=[result], previous_response_id=out.id, tools=[TOOL],
+                     **GREEDY)
+    assert chained.usage.input_tokens == follow.usage.input_tokens
+    assert chained.output_text == follow.output_text
     named = create(client, input=ask, tools=[TOOL], temperature=0, max_output_tokens=120,
                    tool_choice={"type": "function", "name": "get_weather"},
                    parallel_tool_calls=False, extra_body=bias)
@@ -166,9 +177,9 @@ class Item(BaseModel):
     name: str = Field(max_length=5)
 
 
-def test_json_schema(client) -> None:
+def test_json_schema(client, no_space) -> None:
     fmt = {"format": {"type": "json_schema", "name": "item", "schema": SCHEMA, "strict": True}}
-    bias = {"logit_bias": no_whitespace(), "seed": 3}
+    bias = {"logit_bias": no_space, "seed": 3}
     out = create(client, input="An item, please.", text=fmt, temperature=0.8,
                  max_output_tokens=120, extra_body=bias)
     assert out.status == "completed"
