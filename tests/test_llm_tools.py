@@ -100,8 +100,10 @@ def test_grammar_shapes() -> None:
     required = tool_grammar(plan_tools(TOOLS, "required", False))
     assert required.startswith('start: "<tool_call>" calls\ncalls: body\n')
     assert "call_0 | call_1" in required and "%json" in required
-    parallel = tool_grammar(plan_tools(TOOLS, ADD_CHOICE))
-    assert '("\\n"? "<tool_call>" body)*' in parallel and "call_1" not in parallel
+    parallel = tool_grammar(plan_tools(TOOLS, "required"))
+    assert '("\\n"? "<tool_call>" body)*' in parallel and "call_1" in parallel
+    named = tool_grammar(plan_tools(TOOLS, ADD_CHOICE))  # one call, even with parallel calls on
+    assert "<tool_call>\" body" not in named and "call_1" not in named
     assert tool_grammar(plan_tools(TOOLS)).startswith("start: TEXT | TEXT_CALL calls")
 
 
@@ -130,7 +132,7 @@ def test_outputs_get_tool_calls_and_finish_reason() -> None:
     assert [(c.name, c.arguments) for c in made.tool_calls] == [("add", '{"a": 1, "b": 2}')]
     cut = with_tool_calls(out(call + "\n<tool_call>{", "length")).outputs[0]
     assert cut.finish_reason == "length" and len(cut.tool_calls) == 1
-    assert cut.text == "<tool_call>{"
+    assert cut.text == ""  # the unfinished block is dropped, never returned as markup
     plain = with_tool_calls(out("just text", "stop")).outputs[0]
     assert plain.text == "just text" and plain.tool_calls == () and plain.finish_reason == "stop"
 

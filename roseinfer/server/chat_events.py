@@ -123,7 +123,8 @@ class ChatResult:
 
 
 def _reader(prepared: PreparedChat) -> ChoiceReader:
-    return ChoiceReader(tools=prepared.tools_active, reasoning=prepared.reasoning)
+    return ChoiceReader(tools=prepared.tools_active, reasoning=prepared.reasoning,
+                        inside=prepared.thinking_open)
 
 
 def _calls(index: int, first: int, calls: list[ToolCall]) -> list[ChatEvent]:
@@ -159,7 +160,8 @@ async def chat_events(state: ServerState, prepared: PreparedChat,
                     lps = chat_logprobs(c.delta_token_ids, c.delta_logprobs, prepared.top_n,
                                         decode).content
                 made = len(reader.calls)
-                piece = reader.feed(c.delta_text, final=c.finish_reason is not None)
+                piece = reader.feed(c.delta_text, final=c.finish_reason is not None,
+                                    cut=c.finish_reason == "length")
                 if piece.reasoning:
                     yield ReasoningDelta(c.index, piece.reasoning)
                 if piece.content or lps is not None:
@@ -189,7 +191,7 @@ async def collect_chat(state: ServerState, prepared: PreparedChat, stream: Reque
     choices = []
     for c in final.outputs:
         reader = _reader(prepared)
-        piece = reader.feed(c.text, final=True)
+        piece = reader.feed(c.text, final=True, cut=c.finish_reason == "length")
         lps = None
         if prepared.top_n is not None:
             lps = chat_logprobs(c.token_ids, c.logprobs or [], prepared.top_n, decode).content

@@ -22,6 +22,7 @@ from typing import Any
 
 from roseinfer.engine.request_stream import PendingRequest, RequestStream
 from roseinfer.sampling_params import SamplingParams
+from roseinfer.server.chat_reader import thinking_start
 from roseinfer.server.errors import APIError
 from roseinfer.server.prompt_gate import PromptGate, conversation_chars
 from roseinfer.server.state import ServerState, make_params
@@ -29,6 +30,13 @@ from roseinfer.server.structured import compile_constraint
 from roseinfer.server.tools import constrain_tools, plan_tool_dicts
 from roseinfer.structured_outputs import StructuredOutputsParams
 from roseinfer.tool_calls import ToolPlan
+
+# Template inputs the request sets itself (or that would change how it is rendered).
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "messages", "conversation", "tools", "documents", "add_generation_prompt",
+    "continue_final_message", "chat_template", "tokenize", "padding", "truncation",
+    "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask",
+    "tokenizer_kwargs"})
 
 
 @dataclass(frozen=True)
@@ -81,7 +89,8 @@ class PreparedChat:
     params: SamplingParams
     plan: ToolPlan
     top_n: int | None  # logprobs: alternatives per token (None: no logprobs)
-    reasoning: bool = False  # the output may open with a <think> block
+    reasoning: bool = False  # a thinking model: a <think> block opening the output is reasoning
+    thinking_open: bool = False  # the prompt ended inside <think>: the output starts as reasoning
     arrival: float = field(default_factory=time.monotonic)
 
     @property
@@ -97,6 +106,10 @@ def _check_turn(state: ServerState, gate: PromptGate, turn: ChatTurn) -> ToolPla
     """The checks before any template or grammar work: size, options, the tool plan."""
     names = turn.fields
     gate.check_chars(state, conversation_chars(turn.messages, turn.tools), names.messages)
+    reserved = set(turn.chat_template_kwargs or ()) & RESERVED_TEMPLATE_KWARGS
+    if reserved:
+        raise APIError(400, f"chat_template_kwargs cannot set {', '.join(sorted(reserved))}: "
+                       "the request's own fields do", param="chat_template_kwargs")
     if turn.continue_final_message and turn.add_generation_prompt:
         raise APIError(400, "continue_final_message and add_generation_prompt cannot both "
                        "be true", param="continue_final_message")
@@ -133,17 +146,17 @@ async def prepare_chat(state: ServerState, gate: PromptGate, turn: ChatTurn,
     strict = state.settings.strict_tool_arguments if turn.strict_tool_arguments is None \
         else turn.strict_tool_arguments
     constraints = dict(turn.sampling)
-    if turn.structured is not None:
+    if turn.structured is not None:  # compiled alone first: its errors name its field
+        await compile_constraint(state, turn.structured, names.structured)
         constraints["structured_outputs"] = turn.structured
     constraints = await constrain_tools(plan, state.validator, constraints, names,
                                         strict=strict, other_param=names.structured)
-    prompt_ids, _ = await _render(state, gate, turn, plan)
+    prompt_ids, prompt_text = await _render(state, gate, turn, plan)
     max_tokens = state.check_prompt(prompt_ids, turn.max_tokens, names.messages)
     params = make_params(SamplingParams, max_tokens=max_tokens, logprobs=turn.logprobs,
                          **constraints)
-    if not plan.active and turn.structured is not None:
-        await compile_constraint(state, turn.structured, names.structured)
-    return PreparedChat(prompt_ids, params, plan, turn.logprobs, False,
+    reasoning, inside = thinking_start(state.engine.engine.tokenizer, prompt_text)
+    return PreparedChat(prompt_ids, params, plan, turn.logprobs, reasoning, inside,
                         time.monotonic() if arrival is None else arrival)
 
 

@@ -12,10 +12,24 @@ reader serves streams (many ``feed`` calls) and whole results (one), so both agr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from roseinfer.tool_calls import ParsedCall, ToolCallParser
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def thinking_start(tokenizer: Any, prompt_text: str) -> tuple[bool, bool]:
+    """(reasoning, inside) of a chat whose prompt is ``prompt_text``: a model reasons
+    when ``<think>`` and ``</think>`` are tokens of its own (Qwen3, DeepSeek-R1 and
+    their kind); ``inside`` when the prompt ended inside an open ``<think>`` block (a
+    template that opens it for the model)."""
+    if tokenizer is None:
+        return False, False
+    for tag in (THINK_OPEN, THINK_CLOSE):
+        if len(tokenizer.encode(tag, add_special_tokens=False)) != 1:
+            return False, False
+    return True, prompt_text.rfind(THINK_OPEN) > prompt_text.rfind(THINK_CLOSE)
 
 
 @dataclass
@@ -60,14 +74,15 @@ class ChoiceReader:
     def calls(self) -> list[ParsedCall]:
         return self.parser.calls
 
-    def feed(self, text: str, final: bool = False) -> Piece:
-        """What ``text`` (the next piece of output) releases; ``final``: nothing follows."""
+    def feed(self, text: str, final: bool = False, cut: bool = False) -> Piece:
+        """What ``text`` (the next piece of output) releases; ``final``: nothing follows;
+        ``cut``: it ended at ``max_tokens`` (an unfinished call block is dropped)."""
         reasoning, content = self._split(text, final)
         piece = Piece(reasoning=reasoning)
         if self.tools:
             piece.content, piece.calls = self.parser.feed(content)
             if final:
-                piece.content += self.parser.finish()
+                piece.content += self.parser.finish(cut)
         else:
             piece.content = content
         piece.reasoned = self.reasoned

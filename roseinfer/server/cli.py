@@ -68,6 +68,10 @@ def register(subparsers: Any) -> None:
     g.add_argument("--stream-stall-timeout", type=float, default=60.0,
                    help="abort a stream whose client reads nothing for this many seconds "
                         "(0: never)")
+    g.add_argument("--no-strict-tool-arguments", dest="strict_tool_arguments",
+                   action="store_false", default=True,
+                   help="let tool-call arguments hold keys a tool's schema does not declare "
+                        "when the schema does not forbid them (default: only declared keys)")
     g.add_argument("--responses-store-size", type=int, default=256,
                    help="Responses API responses kept for previous_response_id (0: none)")
     g.add_argument("--graceful-timeout", type=int, default=30,
@@ -202,6 +206,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = ServerSettings(served_model_names=names, api_key=args.api_key,
                               max_body_bytes=args.max_body_bytes, ui=args.ui, access=access,
                               stream_stall_timeout_s=args.stream_stall_timeout,
+                              strict_tool_arguments=args.strict_tool_arguments,
                               responses_store_size=args.responses_store_size)
     logger.info("serving %s at http://%s:%d/v1 (API key %s)", ", ".join(names), args.host,
                 args.port, "required" if args.api_key else "not required")

@@ -127,6 +127,17 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return (f"{param}: {msg}" if param else msg) + extra, param
 
 
+def routing_message(status: int, method: str, path: str,
+                    allow: str | None = None) -> tuple[str, str]:
+    """(message, code) of an unknown route (404) or a wrong method (405): the client
+    sees which request missed, not a bare "Not Found" that reads like a missing model."""
+    if status == 404:
+        return (f"Invalid URL ({method} {path}): no such route on this server",
+                "unknown_url")
+    allowed = f" (allowed: {allow})" if allow else ""
+    return (f"Method {method} is not allowed for {path}{allowed}", "method_not_allowed")
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -138,12 +149,16 @@ def install_error_handlers(app: FastAPI) -> None:
         return APIError(400, message, param=param).response()
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        code = None
         cause = exc.__cause__
         if isinstance(cause, UnicodeDecodeError):  # FastAPI's "error parsing the body"
             message = f"the body is not valid UTF-8: {cause.reason} at byte {cause.start}"
-        return APIError(exc.status_code, message, headers=exc.headers).response()
+        elif exc.status_code in (404, 405) and message in ("Not Found", "Method Not Allowed"):
+            message, code = routing_message(exc.status_code, request.method,
+                                            request.url.path, (exc.headers or {}).get("Allow"))
+        return APIError(exc.status_code, message, code=code, headers=exc.headers).response()
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -47,6 +47,7 @@ def messages_chars(messages: Sequence[ChatMessage],
     total = 0
     for m in messages:
         total += len(m.text()) + len(m.name or "") + len(m.tool_call_id or "")
+        total += len(m.reasoning_content or m.reasoning or "")
         for call in m.tool_calls or ():
             total += len(call.id) + len(call.function.name) + len(call.function.arguments)
     for tool in tools or ():

@@ -157,6 +157,12 @@ class ChatMessage(BaseModel):
     audio: Annotated[JsonObject | None, _unsupported("audio is not supported")] = None
     refusal: Annotated[Text | None, _unsupported(
         "refusal messages are not supported: send the text as content")] = None
+    # What a response message carries, accepted back as it came (``message.model_dump()``):
+    # the reasoning of a thinking model goes to the template; annotations (citations of
+    # the reply itself) are labels and never shown to the model.
+    reasoning_content: Text | None = None
+    reasoning: Text | None = None  # vLLM's newer name of reasoning_content
+    annotations: Annotated[list[JsonObject], Field(max_length=MAX_CONTENT_PARTS)] | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -279,6 +285,11 @@ class ChatCompletionRequest(SamplingFields):
                      _shaped(ToolDefinition, "tool")] | None = None
     tool_choice: Literal["none", "auto", "required"] | JsonObject | None = None
     parallel_tool_calls: bool | None = None
+    # extras (vLLM's chat options; docs/serving.md)
+    chat_template_kwargs: dict[Text, Any] | None = None  # extra template variables
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False  # leave the last (assistant) message open
+    strict_tool_arguments: bool | None = None  # None: the server's --strict-tool-arguments
     # OpenAI features roseinfer does not implement: a 400 unless the value asks for nothing
     functions: Annotated[list[JsonObject] | None, _unsupported(_NO_FUNCTIONS, [])] = None
     function_call: Annotated[Literal["none", "auto"] | JsonObject | None,

@@ -47,11 +47,14 @@ class CompletionLogprobs(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
+    reasoning_content: str | None = None  # a thinking model's reasoning (vLLM's key)
     tool_calls: list[ToolCall] | None = None
 
     @model_serializer
     def _shape(self) -> dict[str, Any]:
         out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.reasoning_content is not None:
+            out["reasoning_content"] = self.reasoning_content
         if self.tool_calls:
             out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
         return out
@@ -91,6 +94,7 @@ class DeltaMessage(BaseModel):
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 
     @model_serializer
@@ -100,6 +104,8 @@ class DeltaMessage(BaseModel):
             out["role"] = self.role
         if self.content is not None:
             out["content"] = self.content
+        if self.reasoning_content is not None:
+            out["reasoning_content"] = self.reasoning_content
         if self.tool_calls is not None:
             out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
         return out
@@ -135,6 +141,7 @@ class ChatCompletionResponse(BaseModel):
     object: Literal["chat.completion"] = "chat.completion"
     created: int = Field(default_factory=_now)
     model: str
+    system_fingerprint: str | None = None  # OpenAI's key, always sent
     choices: list[ChatChoice]
     usage: Usage
 
@@ -144,6 +151,7 @@ class ChatCompletionChunk(BaseModel):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     created: int
     model: str
+    system_fingerprint: str | None = None  # OpenAI's key, always sent
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
 
@@ -153,6 +161,7 @@ class CompletionResponse(BaseModel):
     object: Literal["text_completion"] = "text_completion"
     created: int = Field(default_factory=_now)
     model: str
+    system_fingerprint: str | None = None  # OpenAI's key, always sent
     choices: list[CompletionChoice]
     usage: Usage | None = None
 

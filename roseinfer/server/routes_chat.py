@@ -23,6 +23,7 @@ from roseinfer.server.chat_events import (
     ChatUsage,
     ChoiceFinish,
     ChoiceStart,
+    ReasoningDelta,
     TextDelta,
     ToolCallDelta,
     ToolCallStart,
@@ -63,6 +64,10 @@ def chat_turn(body: ChatCompletionRequest) -> ChatTurn:
         structured=structured, sampling={**body.sampling_kwargs(), **constraints},
         max_tokens=body.max_completion_tokens or body.max_tokens,
         logprobs=(body.top_logprobs or 0) if body.logprobs else None,
+        chat_template_kwargs=body.chat_template_kwargs,
+        add_generation_prompt=body.add_generation_prompt,
+        continue_final_message=body.continue_final_message,
+        strict_tool_arguments=body.strict_tool_arguments,
         fields=FieldNames(structured=constraint_param(body)))
 
 
@@ -86,7 +91,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         content: str | None = r.content
         if prepared.tools_active:
             content = r.content or None
-        message = AssistantMessage(content=content, tool_calls=message_calls(r.tool_calls))
+        message = AssistantMessage(content=content, reasoning_content=r.reasoning,
+                                   tool_calls=message_calls(r.tool_calls))
         choices.append(ChatChoice(
             index=r.index, message=message, finish_reason=r.finish_reason,
             logprobs=None if r.logprobs is None else ChatLogprobs(content=r.logprobs)))
@@ -110,6 +116,8 @@ async def _chunks(events: AsyncIterator[ChatEvent], rid: str, model: str,
     async for event in events:
         if isinstance(event, ChoiceStart):
             yield chunk(event.index, DeltaMessage(role="assistant", content=""))
+        elif isinstance(event, ReasoningDelta):
+            yield chunk(event.index, DeltaMessage(reasoning_content=event.text))
         elif isinstance(event, TextDelta):
             yield chunk(event.index, DeltaMessage(content=event.text), logprobs=None
                         if event.logprobs is None else ChatLogprobs(content=event.logprobs))

@@ -19,7 +19,7 @@ from starlette.responses import Response
 
 from roseinfer.engine.request_stream import PendingRequest, RequestStream
 from roseinfer.outputs import CompletionOutput, RequestOutput
-from roseinfer.server.errors import bad_request, refuse_unknown_fields
+from roseinfer.server.errors import APIError, bad_request, refuse_unknown_fields
 from roseinfer.server.logprobs import completion_logprobs, token_decoder
 from roseinfer.server.prompt_gate import PromptGate, get_gate
 from roseinfer.server.protocol import CompletionRequest
@@ -51,12 +51,25 @@ def _completion_tokens(finals: list[RequestOutput]) -> int:
     return sum(len(c.token_ids) for out in finals for c in out.outputs)
 
 
+def _cards(state: ServerState) -> list[ModelCard]:
+    root = state.engine.engine.config.model or DEFAULT_MODEL_ROOT
+    return [ModelCard(id=name, root=root, max_model_len=state.max_model_len)
+            for name in state.settings.served_model_names]
+
+
 @router.get("/v1/models")
 async def list_models(request: Request) -> ModelList:
-    state = get_state(request)
-    root = state.engine.engine.config.model or DEFAULT_MODEL_ROOT
-    return ModelList(data=[ModelCard(id=name, root=root, max_model_len=state.max_model_len)
-                           for name in state.settings.served_model_names])
+    return ModelList(data=_cards(get_state(request)))
+
+
+@router.get("/v1/models/{model_id:path}")
+async def retrieve_model(model_id: str, request: Request) -> ModelCard:
+    """One served model (``models.retrieve``); 404 ``model_not_found`` for another id."""
+    cards = [card for card in _cards(get_state(request)) if card.id == model_id]
+    if not cards:
+        raise APIError(404, f"The model '{model_id}' does not exist", param="model",
+                       code="model_not_found")
+    return cards[0]
 
 
 # ----------------------------------------------------------------- completions

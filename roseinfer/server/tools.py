@@ -8,6 +8,7 @@ The plan, grammar, prompt and parsing live in ``roseinfer.tool_calls`` (shared w
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -19,7 +20,7 @@ from roseinfer.server.protocol import ChatCompletionRequest, ChatMessage, ToolDe
 from roseinfer.tool_calls import ToolPlan, call_text
 
 __all__ = ["call_text", "chat_conversation", "constrain_tools", "message_dicts",
-           "plan_tool_dicts", "plan_tools", "tool_constraint", "tool_dicts"]
+           "plan_tool_dicts", "plan_tools", "tool_dicts"]
 
 
 def plan_tools(body: ChatCompletionRequest) -> ToolPlan:
@@ -53,9 +54,16 @@ def tool_dicts(tools: Sequence[ToolDefinition]) -> list[dict[str, Any]]:
 
 def message_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     """The messages as OpenAI-shaped dicts (content parts joined)."""
-    return [{"role": m.role, "content": m.text(), "name": m.name,
-             "tool_call_id": m.tool_call_id,
-             "tool_calls": [c.model_dump() for c in m.tool_calls or ()]} for m in messages]
+    out = []
+    for m in messages:
+        entry = {"role": m.role, "content": m.text(), "name": m.name,
+                 "tool_call_id": m.tool_call_id,
+                 "tool_calls": [c.model_dump() for c in m.tool_calls or ()]}
+        reasoning = m.reasoning_content if m.reasoning_content is not None else m.reasoning
+        if reasoning is not None:
+            entry["reasoning_content"] = reasoning
+        out.append(entry)
+    return out
 
 
 def chat_conversation(messages: Sequence[ChatMessage], native: bool,
@@ -66,34 +74,21 @@ def chat_conversation(messages: Sequence[ChatMessage], native: bool,
         None if tools is None else tool_calls.parse_tools(tool_dicts(tools)))
 
 
-async def tool_constraint(plan: ToolPlan, validator: Any,
-                          fields: dict[str, Any]) -> dict[str, Any]:
-    """``fields`` (the body's SamplingParams constraints) with the grammar of the calls
-    ``plan`` allows. Every tool's schema is compiled, also with ``tool_choice: "none"``
-    (a bad one is a 400 naming ``tools``); tools with ``response_format`` /
-    ``structured_outputs`` are a 400, as both would constrain the output."""
-    if not plan.tools:
-        return fields
-    other = "response_format or structured_outputs" if "structured_outputs" in fields else None
-    try:
-        spec = await run_in_threadpool(tool_calls.tool_constraint, plan,
-                                       validator.compile_grammar, other)
-    except InvalidRequestError as exc:
-        raise bad_request(str(exc), exc.param) from exc
-    return fields if spec is None else {**fields, "structured_outputs": spec}
-
-
 async def constrain_tools(plan: ToolPlan, validator: Any, fields: dict[str, Any],
                           names: Any = None, *, strict: bool = True,
                           other_param: str = "response_format") -> dict[str, Any]:
-    """``tool_constraint`` with the request's own field names (``names``, a
-    ``FieldNames``): ``fields`` with the grammar of the calls ``plan`` allows."""
+    """``fields`` (SamplingParams constraints) with the grammar of the calls ``plan``
+    allows (``tool_calls.tool_constraint``, off the event loop). Every tool's schema is
+    compiled, also with ``tool_choice: "none"`` (a bad one is a 400 naming
+    ``names.tools``). A ``structured_outputs`` already in ``fields`` (the request's
+    ``other_param``) becomes the answer's constraint beside the calls."""
     if not plan.tools:
         return fields
-    other = other_param if "structured_outputs" in fields else None
+    answer = fields.get("structured_outputs")
     try:
-        spec = await run_in_threadpool(tool_calls.tool_constraint, plan,
-                                       validator.compile_grammar, other)
+        spec = await run_in_threadpool(
+            partial(tool_calls.tool_constraint, strict=strict, answer=answer), plan,
+            validator.compile_grammar, other_param if answer is not None else None)
     except InvalidRequestError as exc:
         raise bad_request(str(exc), _named(exc.param, names)) from exc
     return fields if spec is None else {**fields, "structured_outputs": spec}

@@ -9,7 +9,14 @@ share it, so a request gets the same prompt, grammar and calls through both.
 from __future__ import annotations
 
 from roseinfer.outputs import ToolCall
-from roseinfer.tool_calls.grammar import CLOSE, OPEN, tool_constraint, tool_grammar
+from roseinfer.tool_calls.grammar import (
+    CLOSE,
+    OPEN,
+    answer_rule,
+    strict_schema,
+    tool_constraint,
+    tool_grammar,
+)
 from roseinfer.tool_calls.parse import (
     ParsedCall,
     ToolCallParser,
@@ -32,8 +39,8 @@ from roseinfer.tool_calls.render import (
 
 __all__ = [
     "CLOSE", "DEFAULT_TOOL_PROMPT", "OPEN", "ParsedCall", "Tool", "ToolCall", "ToolCallParser",
-    "ToolPlan", "call_text", "chat_prompt_ids", "chat_text", "conversation", "finish_reason",
+    "ToolPlan", "answer_rule", "call_text", "chat_prompt_ids", "chat_text", "conversation", "finish_reason",
     "new_call_id", "parse_call", "parse_tool_calls", "parse_tools", "plan_tools",
-    "template_renders_tools", "tool_constraint", "tool_grammar", "tool_prompt",
+    "strict_schema", "template_renders_tools", "tool_constraint", "tool_grammar", "tool_prompt",
     "with_tool_calls",
 ]

@@ -4,8 +4,9 @@ One parser serves the streamed and the whole response alike, so assembling a str
 pieces gives exactly the whole result. Text outside blocks is content, released as soon
 as it cannot be the start of ``<tool_call>``; a block is held until it closes, then
 becomes one call. Whitespace after a call is held back and dropped if nothing but
-whitespace and calls follows. A block that never closes (``max_tokens``) or does not
-hold a call is given back as content.
+whitespace and calls follows. A block that does not hold a call is given back as
+content; so is one that never closes, unless the output was cut by ``max_tokens``
+(``finish(cut=True)``): then the unfinished block is dropped, never returned as markup.
 """
 
 from __future__ import annotations
@@ -84,9 +85,15 @@ class ToolCallParser:
         """Text outside blocks: whitespace between calls is dropped."""
         return "" if self.calls and not text.strip() else text
 
-    def finish(self) -> str:
-        """The content still held when generation ends."""
-        rest = (OPEN + self.pending) if self.inside else self.pending
+    def finish(self, cut: bool = False) -> str:
+        """The content still held when generation ends. ``cut`` (it ran out of
+        ``max_tokens``): an unclosed block, or a partial ``<tool_call>`` at the end, is
+        dropped rather than given back as markup."""
+        if cut:
+            rest = "" if self.inside else self.pending[:len(self.pending) - _partial_open(
+                self.pending)]
+        else:
+            rest = (OPEN + self.pending) if self.inside else self.pending
         self.pending, self.inside = "", False
         return "" if self.calls and not rest.strip() else rest
 
@@ -99,11 +106,12 @@ def _partial_open(text: str) -> int:
     return 0
 
 
-def parse_tool_calls(text: str) -> tuple[str, list[ParsedCall]]:
-    """A whole completion's content (the text outside calls) and its calls."""
+def parse_tool_calls(text: str, cut: bool = False) -> tuple[str, list[ParsedCall]]:
+    """A whole completion's content (the text outside calls) and its calls; ``cut``: it
+    ran out of ``max_tokens`` (``ToolCallParser.finish``)."""
     parser = ToolCallParser()
     content, calls = parser.feed(text)
-    return content + parser.finish(), calls
+    return content + parser.finish(cut), calls
 
 
 def finish_reason(reason: str | None, made_calls: bool) -> str | None:
@@ -126,7 +134,7 @@ def with_tool_calls(out: RequestOutput) -> RequestOutput:
 def _split(c: CompletionOutput) -> CompletionOutput:
     if c.finish_reason is None:
         return c
-    content, calls = parse_tool_calls(c.text)
+    content, calls = parse_tool_calls(c.text, cut=c.finish_reason == "length")
     if not calls:
         return replace(c, text=content)
     reason = "tool_calls" if c.finish_reason == "stop" else c.finish_reason

@@ -47,7 +47,7 @@ class Tool:
 @dataclass(frozen=True)
 class ToolPlan:
     """What a request's tools ask for: ``mode`` is none / auto / required (a named
-    choice is ``required`` over that tool alone)."""
+    choice is ``required`` over that tool alone, one call: ``parallel`` False)."""
 
     tools: tuple[Tool, ...]
     mode: str
@@ -126,7 +126,7 @@ def plan_tools(tools: Sequence[Mapping[str, Any] | Tool] | None,
     if not chosen:
         raise InvalidRequestError(f"tool_choice names function {name!r}, which is not in "
                                   "tools", "tool_choice")
-    return ToolPlan(parsed, "required", chosen, parallel)
+    return ToolPlan(parsed, "required", chosen, False)  # a named function: one call
 
 
 def _named_choice(choice: object) -> str:
