@@ -165,8 +165,7 @@ def test_function_call_round_trip(client, no_space) -> None:
     assert chained.usage.input_tokens == follow.usage.input_tokens
     assert chained.output_text == follow.output_text
     named = create(client, input=ask, tools=[TOOL], temperature=0, max_output_tokens=120,
-                   tool_choice={"type": "function", "name": "get_weather"},
-                   parallel_tool_calls=False, extra_body=bias)
+                   tool_choice={"type": "function", "name": "get_weather"}, extra_body=bias)
     assert [i.type for i in named.output] == ["function_call"]
 
 
