@@ -94,6 +94,11 @@ def test_reasoning_item_then_message(client, server) -> None:
     assert reasoning.content[0].type == "reasoning_text" and text
     assert "<think>" not in text and "</think>" not in text
     assert out.output_text == message.content[0].text  # the SDK's join leaves reasoning out
+    tokens = out.usage.output_tokens_details.reasoning_tokens
+    # the reasoning text re-tokenized, at most all output tokens (this random model's
+    # text is not valid UTF-8 throughout, so it re-tokenizes longer than it was made)
+    assert 0 < tokens == min(len(server[1].encode(text, add_special_tokens=False)),
+                             out.usage.output_tokens)
 
 
 def test_stream_reasoning_events(client, server) -> None:
@@ -128,6 +133,7 @@ def test_effort_none_and_reasoning_sent_back(client, server) -> None:
     assert off.usage.input_tokens == len(tok.encode(prompt, add_special_tokens=False))
     assert off.usage.input_tokens > thinking.usage.input_tokens
     assert [i.type for i in off.output] == ["message"]
+    assert off.usage.output_tokens_details.reasoning_tokens == 0
     # a reasoning item before a call, after the last user message, is rendered back
     call = {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"}
     result = {"type": "function_call_output", "call_id": "call_1", "output": "ok"}
