@@ -110,6 +110,7 @@ def test_stream_events(client, ts) -> None:
     joined = "".join(d.delta for d in deltas)
     assert joined == events[-4].text == final.output_text == whole.output_text
     assert final.usage == whole.usage
+    assert client.responses.retrieve(final.id).output_text == whole.output_text  # stored too
     # on the wire: `event:` names each event's type, and nothing follows the last
     body = {"model": MODEL_NAME, "input": "Count to ten.", "stream": True, **GREEDY}
     with httpx.stream("POST", f"{ts.url}/v1/responses", json=body, timeout=120) as r:
