@@ -192,6 +192,17 @@ def test_json_schema(client, no_space) -> None:
                                  temperature=0.8, max_output_tokens=120, extra_body=bias) as s:
         streamed = s.get_final_response()
     assert streamed.output_parsed == parsed.output_parsed  # same seed, same output
+    # tools beside a schema (as the Agents SDK sends an output_type with tools): each
+    # output is calls following the tool's schema, or an answer following text.format
+    for seed in range(3):
+        both = create(client, input="Weather or an item?", text=fmt, tools=[TOOL],
+                      temperature=0.8, max_output_tokens=160,
+                      extra_body={**bias, "seed": seed})
+        for item in both.output:
+            if item.type == "function_call":
+                jsonschema.validate(json.loads(item.arguments), WEATHER)
+            elif both.status == "completed":
+                jsonschema.validate(json.loads(item.content[0].text), SCHEMA)
     obj = create(client, input="JSON, please.", text={"format": {"type": "json_object"}},
                  temperature=0.8, max_output_tokens=120, extra_body=bias)
     assert obj.text.format.type == "json_object" and obj.output_text.startswith("{")
