@@ -150,7 +150,8 @@ async def prepare_chat(state: ServerState, gate: PromptGate, turn: ChatTurn,
         await compile_constraint(state, turn.structured, names.structured)
         constraints["structured_outputs"] = turn.structured
     constraints = await constrain_tools(plan, state.validator, constraints, names,
-                                        strict=strict, other_param=names.structured)
+                                        strict=strict, other_param=names.structured,
+                                        tokenizer=state.engine.engine.tokenizer)
     prompt_ids, prompt_text = await _render(state, gate, turn, plan)
     max_tokens = state.check_prompt(prompt_ids, turn.max_tokens, names.messages)
     params = make_params(SamplingParams, max_tokens=max_tokens, logprobs=turn.logprobs,

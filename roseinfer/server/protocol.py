@@ -102,6 +102,7 @@ class CalledFunction(BaseModel):
     model_config = _REQUEST
     name: Text
     arguments: Text  # JSON text
+    parsed_arguments: Any = None  # the openai SDK's parse() copy of arguments: ignored
 
 
 class ToolCall(BaseModel):
@@ -109,8 +110,9 @@ class ToolCall(BaseModel):
 
     model_config = _REQUEST
     id: Text
-    type: Literal["function"] = "function"
+    type: Literal["function"] | None = "function"
     function: CalledFunction
+    index: int | None = None  # a streamed call's position, as SDK stream helpers keep it
 
 
 def _shaped(model: type[BaseModel], what: str) -> AfterValidator:
@@ -163,6 +165,7 @@ class ChatMessage(BaseModel):
     reasoning_content: Text | None = None
     reasoning: Text | None = None  # vLLM's newer name of reasoning_content
     annotations: Annotated[list[JsonObject], Field(max_length=MAX_CONTENT_PARTS)] | None = None
+    parsed: Any = None  # the openai SDK's parse() result (the content, parsed): ignored
 
     def text(self) -> str:
         if self.content is None:

@@ -56,7 +56,7 @@ class AssistantMessage(BaseModel):
         if self.reasoning_content is not None:
             out["reasoning_content"] = self.reasoning_content
         if self.tool_calls:
-            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+            out["tool_calls"] = [c.model_dump(exclude_none=True) for c in self.tool_calls]
         return out
 
 
@@ -107,7 +107,7 @@ class DeltaMessage(BaseModel):
         if self.reasoning_content is not None:
             out["reasoning_content"] = self.reasoning_content
         if self.tool_calls is not None:
-            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+            out["tool_calls"] = [c.model_dump(exclude_none=True) for c in self.tool_calls]
         return out
 
 

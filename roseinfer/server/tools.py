@@ -58,7 +58,9 @@ def message_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     for m in messages:
         entry = {"role": m.role, "content": m.text(), "name": m.name,
                  "tool_call_id": m.tool_call_id,
-                 "tool_calls": [c.model_dump() for c in m.tool_calls or ()]}
+                 "tool_calls": [{"id": c.id, "type": "function", "function": {
+                     "name": c.function.name, "arguments": c.function.arguments}}
+                     for c in m.tool_calls or ()]}
         reasoning = m.reasoning_content if m.reasoning_content is not None else m.reasoning
         if reasoning is not None:
             entry["reasoning_content"] = reasoning
@@ -76,18 +78,21 @@ def chat_conversation(messages: Sequence[ChatMessage], native: bool,
 
 async def constrain_tools(plan: ToolPlan, validator: Any, fields: dict[str, Any],
                           names: Any = None, *, strict: bool = True,
-                          other_param: str = "response_format") -> dict[str, Any]:
+                          other_param: str = "response_format",
+                          tokenizer: Any = None) -> dict[str, Any]:
     """``fields`` (SamplingParams constraints) with the grammar of the calls ``plan``
     allows (``tool_calls.tool_constraint``, off the event loop). Every tool's schema is
     compiled, also with ``tool_choice: "none"`` (a bad one is a 400 naming
     ``names.tools``). A ``structured_outputs`` already in ``fields`` (the request's
-    ``other_param``) becomes the answer's constraint beside the calls."""
+    ``other_param``) becomes the answer's constraint beside the calls. ``tokenizer``:
+    the model's, for the tags' own tokens (``tool_calls.tag_tokens``)."""
     if not plan.tools:
         return fields
     answer = fields.get("structured_outputs")
     try:
         spec = await run_in_threadpool(
-            partial(tool_calls.tool_constraint, strict=strict, answer=answer), plan,
+            partial(tool_calls.tool_constraint, strict=strict, answer=answer,
+                    tags=tool_calls.tag_tokens(tokenizer)), plan,
             validator.compile_grammar, other_param if answer is not None else None)
     except InvalidRequestError as exc:
         raise bad_request(str(exc), _named(exc.param, names)) from exc

@@ -14,6 +14,7 @@ from roseinfer.tool_calls.grammar import (
     OPEN,
     answer_rule,
     strict_schema,
+    tag_tokens,
     tool_constraint,
     tool_grammar,
 )
@@ -41,6 +42,6 @@ __all__ = [
     "CLOSE", "DEFAULT_TOOL_PROMPT", "OPEN", "ParsedCall", "Tool", "ToolCall", "ToolCallParser",
     "ToolPlan", "answer_rule", "call_text", "chat_prompt_ids", "chat_text", "conversation", "finish_reason",
     "new_call_id", "parse_call", "parse_tool_calls", "parse_tools", "plan_tools",
-    "strict_schema", "template_renders_tools", "tool_constraint", "tool_grammar", "tool_prompt",
+    "strict_schema", "tag_tokens", "template_renders_tools", "tool_constraint", "tool_grammar", "tool_prompt",
     "with_tool_calls",
 ]

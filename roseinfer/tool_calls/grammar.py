@@ -22,11 +22,25 @@ from roseinfer.tool_calls.plan import ToolPlan
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 
-def tool_grammar(plan: ToolPlan, strict: bool = True, answer: str | None = None) -> str:
+def tag_tokens(tokenizer: Any) -> tuple[int | None, int | None]:
+    """The ids of ``<tool_call>`` / ``</tool_call>`` where the tokenizer has each as one
+    token of its own (Qwen's): llguidance takes such added tokens as special, so the
+    grammar must name them besides spelling the tag out."""
+    out = []
+    for tag in (OPEN, CLOSE):
+        ids = tokenizer.encode(tag, add_special_tokens=False) if tokenizer is not None else []
+        out.append(ids[0] if len(ids) == 1 else None)
+    return out[0], out[1]
+
+
+def tool_grammar(plan: ToolPlan, strict: bool = True, answer: str | None = None,
+                 tags: tuple[int | None, int | None] = (None, None)) -> str:
     """The Lark grammar (llguidance) of the calls ``plan`` allows. ``strict``: arguments
     hold only the declared properties (``strict_schema``). ``answer``: a Lark rule body
     the text must match when the model answers instead of calling (``auto`` only; e.g.
-    ``%json {...}`` for a response_format schema)."""
+    ``%json {...}`` for a response_format schema). ``tags``: ``tag_tokens``."""
+    open_, close = (f'"{tag}"' if tid is None else f'("{tag}" | <[{tid}]>)'
+                    for tag, tid in zip((OPEN, CLOSE), tags, strict=True))
     rules = []
     for i, tool in enumerate(plan.allowed):
         schema = strict_schema(tool.schema) if strict else tool.schema
@@ -34,16 +48,17 @@ def tool_grammar(plan: ToolPlan, strict: bool = True, answer: str | None = None)
         rules.append(f'call_{i}: {head} args_{i} "}}"')
         rules.append(f"args_{i}: %json {json.dumps(schema, ensure_ascii=False)}")
     alternatives = " | ".join(f"call_{i}" for i in range(len(plan.allowed)))
-    more = ' ("\\n"? "<tool_call>" body)*' if plan.parallel else ""
+    more = f' ("\\n"? {open_} body)*' if plan.parallel else ""
     if plan.mode == "auto" and answer is not None:
-        start = ['start: answer | "<tool_call>" calls', f"answer: {answer}"]
+        start = [f"start: answer | {open_} calls", f"answer: {answer}"]
     elif plan.mode == "auto":
-        start = ["start: TEXT | TEXT_CALL calls",
+        token = "" if tags[0] is None else f" | TEXT <[{tags[0]}]> calls"
+        start = [f"start: TEXT | TEXT_CALL calls{token}",
                  r"TEXT: /(?s:.*)/ & ~/(?s:.*<tool_call>.*)/",
                  r"TEXT_CALL: /(?s:.*)<tool_call>/ & ~/(?s:.*<tool_call>.*<tool_call>)/"]
     else:
-        start = ['start: "<tool_call>" calls']
-    return "\n".join([*start, f"calls: body{more}", f'body: ({alternatives}) "</tool_call>"',
+        start = [f"start: {open_} calls"]
+    return "\n".join([*start, f"calls: body{more}", f"body: ({alternatives}) {close}",
                       *rules]) + "\n"
 
 
@@ -90,6 +105,7 @@ def strict_schema(schema: Any) -> Any:
 def tool_constraint(plan: ToolPlan, compile_grammar: Callable[[StructuredOutputsParams], object],
                     other: str | None = None, *, strict: bool = True,
                     answer: StructuredOutputsParams | None = None,
+                    tags: tuple[int | None, int | None] = (None, None),
                     ) -> StructuredOutputsParams | None:
     """The ``structured_outputs`` that constrains generation to the calls ``plan``
     allows (None when its mode is ``none``). Every tool's schema is compiled with
@@ -99,7 +115,8 @@ def tool_constraint(plan: ToolPlan, compile_grammar: Callable[[StructuredOutputs
     the output is either calls or such an answer, with ``required`` / a named tool it
     is calls (the answer comes in a later turn). ``other`` names a constraint the
     request has that cannot sit beside calls (anything but a JSON schema): active
-    tools refuse it. ``strict``: ``strict_schema`` of every tool's arguments."""
+    tools refuse it. ``strict``: ``strict_schema`` of every tool's arguments. ``tags``:
+    the tags' own token ids (``tag_tokens``), when the tokenizer has them."""
     if not plan.tools:
         return None
     rule = None if answer is None else answer_rule(answer)
@@ -110,7 +127,7 @@ def tool_constraint(plan: ToolPlan, compile_grammar: Callable[[StructuredOutputs
     check = plan if plan.active else ToolPlan(plan.tools, "required", plan.tools, True)
     try:
         spec = StructuredOutputsParams(grammar=tool_grammar(
-            check, strict, rule if check.mode == "auto" else None))
+            check, strict, rule if check.mode == "auto" else None, tags))
         compile_grammar(spec)
     except ValueError as exc:  # InvalidRequestError included
         message = str(exc).replace("structured_outputs: ", "", 1)

@@ -262,3 +262,21 @@ def test_reader_splits_known_texts(step: int) -> None:
             got_calls += len(piece.calls)
         assert (got_reasoning if piece.reasoned else None) == want_reasoning, text
         assert (got_content, got_calls) == (want_content, calls), text
+
+
+def test_tool_calls_with_tag_tokens(client) -> None:
+    """``<tool_call>`` / ``</tool_call>`` are tokens of their own here (as in Qwen's
+    vocabularies), which llguidance takes as special: the tool grammar names them, so
+    calls work (they were a 400: "grammar cannot be run")."""
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["a"]}}}]
+    out = client.chat.completions.create(model=MODEL, messages=MSG, tools=tools, n=2, seed=1,
+                                         tool_choice="required", max_tokens=300,
+                                         parallel_tool_calls=False)
+    for choice in out.choices:
+        assert choice.finish_reason == "tool_calls", choice
+        assert choice.message.tool_calls[0].function.name == "add"
+    auto = client.chat.completions.create(model=MODEL, messages=MSG, tools=tools, n=4, seed=1,
+                                          max_tokens=300, parallel_tool_calls=False)
+    assert {c.finish_reason for c in auto.choices} <= {"stop", "tool_calls", "length"}

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import jsonschema
 import openai
+import pydantic
 import pytest
 
 from roseinfer.tool_calls import plan_tools, strict_schema, tool_grammar
@@ -31,6 +32,15 @@ NAMED = {"type": "function", "function": {"name": "add"}}
 ANSWER = {"type": "object", "properties": {"sum": {"type": "integer", "minimum": 0,
                                                    "maximum": 99}},
           "required": ["sum"], "additionalProperties": False}
+
+
+class Add(pydantic.BaseModel):
+    a: int = pydantic.Field(ge=0, le=99)
+    b: int = pydantic.Field(ge=0, le=99)
+
+
+class Sum(pydantic.BaseModel):
+    sum: int = pydantic.Field(ge=0, le=99)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +63,8 @@ def create(c: openai.OpenAI, **kwargs: Any) -> Any:
 
 def test_sdk_message_sent_back(client) -> None:
     """Point 5: ``message.model_dump()`` (refusal, annotations, audio, function_call and
-    tool_calls, nulls included) is valid input for the next turn."""
+    tool_calls, nulls included; ``parse()``'s ``parsed`` and ``parsed_arguments``) is
+    valid input for the next turn."""
     first = create(client, tool_choice=NAMED, seed=1)
     called = first.choices[0].message
     dumped = called.model_dump()
@@ -63,6 +74,17 @@ def test_sdk_message_sent_back(client) -> None:
     messages = [*MSG, dumped, {"role": "tool", "tool_call_id": called.tool_calls[0].id,
                                "content": "5"}, plain, {"role": "user", "content": "Thanks"}]
     out = create(client, messages=messages, max_tokens=4, seed=3)
+    assert out.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    parsed = client.chat.completions.parse(
+        model=MODEL_NAME, messages=MSG, tools=[openai.pydantic_function_tool(Add, name="add")],
+        tool_choice=NAMED, logit_bias=no_whitespace(), max_tokens=96, seed=4)
+    answer = client.chat.completions.parse(model=MODEL_NAME, messages=MSG, response_format=Sum,
+                                           logit_bias=no_whitespace(), max_tokens=96, seed=4)
+    sent = [parsed.choices[0].message.model_dump(), answer.choices[0].message.model_dump()]
+    assert sent[0]["tool_calls"][0]["function"]["parsed_arguments"] and sent[1]["parsed"]
+    call_id = sent[0]["tool_calls"][0]["id"]
+    out = create(client, messages=[*MSG, sent[0], {"role": "tool", "tool_call_id": call_id,
+                                                   "content": "5"}, sent[1]], max_tokens=2)
     assert out.choices[0].finish_reason in ("stop", "length", "tool_calls")
     with pytest.raises(openai.BadRequestError) as info:  # what would change the output
         create(client, messages=[*MSG, {**dumped, "refusal": "no"}], max_tokens=2)
