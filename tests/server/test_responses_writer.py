@@ -1,6 +1,6 @@
 """The Responses API's pieces without a server: the event writer (order, sequence
-numbers, indices, the SDK's own models and stream accumulator), the request checks and
-the bounded response store."""
+numbers, indices, the SDK's own models and stream accumulator), the request checks,
+input items as chat messages and the bounded response store."""
 
 from __future__ import annotations
 
