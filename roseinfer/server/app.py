@@ -31,6 +31,8 @@ from roseinfer.server.errors import APIError, install_error_handlers
 from roseinfer.server.host_guard import HostGuardMiddleware
 from roseinfer.server.metrics import ServerMetrics
 from roseinfer.server.prompt_gate import PromptGate
+from roseinfer.server.responses_api import routes as routes_responses
+from roseinfer.server.responses_api.store import ResponseStore
 from roseinfer.server.state import ServerSettings, ServerState
 from roseinfer.server.ui import STATIC_DIR
 from roseinfer.server.ui.assets import UiAssets
@@ -151,9 +153,12 @@ def create_app(async_engine: AsyncEngine, settings: ServerSettings | None = None
     metrics = ServerMetrics(async_engine, settings.served_model_names[0])
     app.state.server = ServerState(async_engine, settings, metrics)
     app.state.prompt_gate = PromptGate()
+    app.state.responses_store = ResponseStore(settings.responses_store_size,
+                                              settings.responses_store_bytes)
     install_error_handlers(app)
     app.include_router(routes_chat.router)
     app.include_router(routes_openai.router)
+    app.include_router(routes_responses.router)
     app.include_router(routes_misc.router)
     app.include_router(anthropic_routes.router)
     if settings.ui:

@@ -71,6 +71,8 @@ def register(subparsers: Any) -> None:
                    action="store_false", default=True,
                    help="let tool-call arguments hold keys a tool's schema does not declare "
                         "when the schema does not forbid them (default: only declared keys)")
+    g.add_argument("--responses-store-size", type=int, default=256,
+                   help="Responses API responses kept for previous_response_id (0: none)")
     g.add_argument("--graceful-timeout", type=int, default=30,
                    help="seconds in-flight requests may take to finish on SIGTERM")
     g.add_argument("--log-stats-interval", type=float, default=10.0,
@@ -177,7 +179,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = ServerSettings(served_model_names=names, api_key=args.api_key,
                               max_body_bytes=args.max_body_bytes, ui=args.ui, access=access,
                               stream_stall_timeout_s=args.stream_stall_timeout,
-                              strict_tool_arguments=args.strict_tool_arguments)
+                              strict_tool_arguments=args.strict_tool_arguments,
+                              responses_store_size=args.responses_store_size)
     logger.info("serving %s at http://%s:%d/v1 (API key %s)", ", ".join(names), args.host,
                 args.port, "required" if args.api_key else "not required")
     if args.ui:

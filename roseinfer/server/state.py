@@ -48,10 +48,15 @@ class ServerSettings:
     # tool arguments limited to the declared properties unless a schema allows more
     # (docs/structured-outputs.md, "Tool arguments"); --no-strict-tool-arguments
     strict_tool_arguments: bool = True
+    # stored Responses API responses (previous_response_id): how many, and their JSON bytes
+    responses_store_size: int = 256
+    responses_store_bytes: int = 64 << 20
 
     def __post_init__(self) -> None:
         if not self.served_model_names:
             raise ValueError("at least one served model name is needed")
+        if self.responses_store_size < 0 or self.responses_store_bytes < 0:
+            raise ValueError("the responses store's bounds must be >= 0")
 
 
 @dataclass

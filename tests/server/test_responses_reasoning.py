@@ -1,0 +1,145 @@
+"""Reasoning items of the Responses API through the official `openai` client, against a
+real uvicorn over a TINY random Qwen3 (the chat reasoning tests' tokenizer and Qwen3
+template, whose generation prompt here opens ``<think>`` as thinking-only templates do).
+A bias on ``</think>`` makes the random model close the block, so a response holds a
+``reasoning`` item then a ``message``; streamed, the ``reasoning_text`` events join to
+the same item; ``reasoning.effort: "none"`` closes the block in the prompt; a reasoning
+item sent back reaches the template as the assistant's ``reasoning_content``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+import torch
+import transformers
+
+from roseinfer.config import EngineConfig
+from roseinfer.engine.async_engine import AsyncEngine
+from roseinfer.engine.engine import LLMEngine
+from roseinfer.model.config import ModelConfig
+from roseinfer.model.registry import create_model
+from roseinfer.server.app import create_app
+from roseinfer.server.state import ServerSettings
+from roseinfer.tokenizer import Tokenizer
+from tests.server.helpers import ServerThread
+from tests.server.test_chat_reasoning import QWEN3_TEMPLATE, qwen3_tokenizer
+
+MODEL = "tiny-qwen3"
+# thinking on unless enable_thinking is false: the generation prompt opens <think>
+_CLOSED = "    {%- endif %}\n{%- endif %}"
+TEMPLATE = QWEN3_TEMPLATE[:QWEN3_TEMPLATE.rindex(_CLOSED)] + (
+    "    {%- else %}\n        {{- '<think>\\n' }}\n" + _CLOSED)
+ASK = "why is the sky blue"
+REASONING_EVENTS = ["response.output_item.added", "response.content_part.added",
+                    "response.reasoning_text.delta"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Tokenizer]]:
+    directory = tmp_path_factory.mktemp("qwen3")
+    qwen3_tokenizer(directory)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(directory)
+    hf_tok.chat_template = TEMPLATE
+    hf_tok.save_pretrained(directory)
+    tokenizer = Tokenizer.from_model_path(directory)
+    torch.manual_seed(0)
+    cfg = transformers.Qwen3Config(
+        vocab_size=tokenizer.vocab_size, hidden_size=64, intermediate_size=96,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        max_position_embeddings=1024, eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False)
+    hf = transformers.Qwen3ForCausalLM(cfg).eval()
+    model_config = ModelConfig.from_hf_dict(hf.config.to_dict())
+    model = create_model(model_config, torch.float32, torch.device("cpu"))
+    model.load_weights(hf.state_dict().items())
+    config = EngineConfig(num_threads=1, quantization="none", block_size=16, num_kv_blocks=64)
+    engine = LLMEngine(config, model=model, model_config=model_config, tokenizer=tokenizer)
+    app = create_app(AsyncEngine(engine), ServerSettings(served_model_names=(MODEL,)))
+    with ServerThread(app) as st:
+        yield st.url, tokenizer
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server[0]}/v1", api_key="unused", max_retries=0,
+                         timeout=120)
+
+
+def create(client: openai.OpenAI, tok: Tokenizer, seed: int = 3, **kwargs: Any) -> Any:
+    """A response; a bias on ``</think>`` lets the random model close its block."""
+    close = tok.encode("</think>", add_special_tokens=False)[0]
+    body = {"model": MODEL, "input": ASK, "max_output_tokens": 24, "temperature": 1.0,
+            "extra_body": {"logit_bias": {str(close): 4.0}, "seed": seed}, **kwargs}
+    return client.responses.create(**body)
+
+
+def split_response(client: openai.OpenAI, tok: Tokenizer) -> tuple[Any, int]:
+    """A response that closed its think block and answered (and its seed)."""
+    for seed in range(12):
+        out = create(client, tok, seed)
+        if [item.type for item in out.output] == ["reasoning", "message"]:
+            return out, seed
+    raise AssertionError("no seed closed the think block")
+
+
+def test_reasoning_item_then_message(client, server) -> None:
+    out, _ = split_response(client, server[1])
+    reasoning, message = out.output
+    assert reasoning.id.startswith("rs_") and reasoning.status == "completed"
+    assert reasoning.summary == [] and reasoning.encrypted_content is None
+    text = reasoning.content[0].text
+    assert reasoning.content[0].type == "reasoning_text" and text
+    assert "<think>" not in text and "</think>" not in text
+    assert out.output_text == message.content[0].text  # the SDK's join leaves reasoning out
+    tokens = out.usage.output_tokens_details.reasoning_tokens
+    # the reasoning text re-tokenized, at most all output tokens (this random model's
+    # text is not valid UTF-8 throughout, so it re-tokenizes longer than it was made)
+    assert 0 < tokens == min(len(server[1].encode(text, add_special_tokens=False)),
+                             out.usage.output_tokens)
+
+
+def test_stream_reasoning_events(client, server) -> None:
+    tok = server[1]
+    whole, seed = split_response(client, tok)
+    events = list(create(client, tok, seed, stream=True))
+    kinds = [e.type for e in events]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert kinds[2:5] == REASONING_EVENTS
+    assert events[2].item.type == "reasoning" and events[3].part.type == "reasoning_text"
+    deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    done = next(e for e in events if e.type == "response.reasoning_text.done")
+    assert deltas == done.text == whole.output[0].content[0].text
+    first_text = kinds.index("response.output_item.added", 3)
+    assert kinds[first_text - 3:first_text] == ["response.reasoning_text.done",
+                                                "response.content_part.done",
+                                                "response.output_item.done"]
+    assert events[first_text].output_index == 1 and events[first_text].item.type == "message"
+    final = events[-1].response
+    assert final.output_text == whole.output_text
+    assert [i.type for i in final.output] == ["reasoning", "message"]
+
+
+def test_effort_none_and_reasoning_sent_back(client, server) -> None:
+    tok = server[1]
+    thinking = create(client, tok, max_output_tokens=1)
+    off = create(client, tok, max_output_tokens=1, reasoning={"effort": "none"})
+    assert off.reasoning.effort == "none"
+    prompt = tok.hf.apply_chat_template([{"role": "user", "content": ASK}], tokenize=False,
+                                        add_generation_prompt=True, enable_thinking=False)
+    assert prompt.endswith("<think>\n\n</think>\n\n")
+    assert off.usage.input_tokens == len(tok.encode(prompt, add_special_tokens=False))
+    assert off.usage.input_tokens > thinking.usage.input_tokens
+    assert [i.type for i in off.output] == ["message"]
+    assert off.usage.output_tokens_details.reasoning_tokens == 0
+    # a reasoning item before a call, after the last user message, is rendered back
+    call = {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"}
+    result = {"type": "function_call_output", "call_id": "call_1", "output": "ok"}
+    thought = {"type": "reasoning", "id": "rs_1", "summary": [],
+               "content": [{"type": "reasoning_text", "text": "I should call f"}]}
+    turns = [create(client, tok, max_output_tokens=1,
+                    input=[{"role": "user", "content": ASK}, *items, call, result])
+             for items in ([thought], [])]
+    assert turns[0].usage.input_tokens > turns[1].usage.input_tokens
