@@ -90,6 +90,11 @@ def test_create(client) -> None:
     assert out.output_text == twin.choices[0].message.content
     assert usage.input_tokens == twin.usage.prompt_tokens
     assert usage.output_tokens == twin.usage.completion_tokens
+    # the same prompt again: its full blocks come from the prefix cache, and usage says so
+    assert 0 < twin.usage.prompt_tokens_details.cached_tokens < twin.usage.prompt_tokens
+    again = create(client, input="Tell me a story.", instructions="Be brief", **GREEDY)
+    assert (again.usage.input_tokens_details.cached_tokens
+            == twin.usage.prompt_tokens_details.cached_tokens)
 
 
 def test_stream_events(client, ts) -> None:

@@ -104,7 +104,8 @@ class _Run:
             reasoning = min(event.completion_tokens,
                             await run_in_threadpool(self._reasoning_tokens))
             events = w.finish(self.truncated, ResponseUsage.of(
-                event.prompt_tokens, event.completion_tokens, reasoning_tokens=reasoning))
+                event.prompt_tokens, event.completion_tokens, event.cached_tokens,
+                reasoning_tokens=reasoning))
             if self.store is not None:
                 self.store.put(w.response, self.conversation + output_items(w.response.output))
             return events
