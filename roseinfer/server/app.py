@@ -22,10 +22,11 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from roseinfer.engine.async_engine import AsyncEngine
-from roseinfer.server import routes_misc, routes_openai, routes_ui
+from roseinfer.server import routes_lora, routes_misc, routes_openai, routes_ui
 from roseinfer.server.early_answer import answer, drain, header, reject
 from roseinfer.server.errors import APIError, install_error_handlers
 from roseinfer.server.host_guard import HostGuardMiddleware
+from roseinfer.server.lora_registry import LoRASettings
 from roseinfer.server.metrics import ServerMetrics
 from roseinfer.server.prompt_gate import PromptGate
 from roseinfer.server.state import ServerSettings, ServerState
@@ -129,8 +130,10 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-def create_app(async_engine: AsyncEngine, settings: ServerSettings | None = None) -> FastAPI:
-    """The HTTP app over a (started or not yet started) AsyncEngine."""
+def create_app(async_engine: AsyncEngine, settings: ServerSettings | None = None,
+               lora: LoRASettings | None = None) -> FastAPI:
+    """The HTTP app over a (started or not yet started) AsyncEngine; ``lora``: the
+    adapters and run-time loading rules when the engine has ``enable_lora``."""
     settings = settings or ServerSettings()
 
     @asynccontextmanager
@@ -149,6 +152,7 @@ def create_app(async_engine: AsyncEngine, settings: ServerSettings | None = None
     install_error_handlers(app)
     app.include_router(routes_openai.router)
     app.include_router(routes_misc.router)
+    routes_lora.install(app, async_engine, lora)  # /v1/*_lora_adapter with enable_lora
     if settings.ui:
         app.include_router(routes_ui.build_router(UiAssets(STATIC_DIR)))
     app.add_middleware(GuardMiddleware, settings=settings)

@@ -36,6 +36,7 @@ from roseinfer.server.responses import (
     ModelList,
     Usage,
 )
+from roseinfer.server.routes_lora import lora_model_cards, resolve_model
 from roseinfer.server.state import ServerState, collect, engine_error, get_state, make_params
 from roseinfer.server.streaming import SSE_DONE, StreamResponse, sse
 from roseinfer.server.structured import check_constraints, constraint_fields
@@ -76,7 +77,8 @@ async def list_models(request: Request) -> ModelList:
     state = get_state(request)
     root = state.engine.engine.config.model or DEFAULT_MODEL_ROOT
     return ModelList(data=[ModelCard(id=name, root=root, max_model_len=state.max_model_len)
-                           for name in state.settings.served_model_names])
+                           for name in state.settings.served_model_names]
+                     + lora_model_cards(request, state.max_model_len))
 
 
 # ------------------------------------------------------------------------ chat
@@ -85,7 +87,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     arrival = time.monotonic()
     state = get_state(request)
     _refuse_unknown_fields(body)
-    model = state.check_model(body.model)
+    model, lora = resolve_model(request, body.model)  # a LoRA adapter's name, or the base
     gate = get_gate(request)
     gate.check_chat(state, body.messages, body.tools)  # before any grammar or template work
     if body.top_logprobs and not body.logprobs:
@@ -101,7 +103,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     if not plan.active:
         await check_constraints(state, params, body)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
-    stream = state.submit([PendingRequest(rid, prompt_ids, params, arrival_time=arrival)])
+    stream = state.submit([PendingRequest(rid, prompt_ids, params, arrival_time=arrival,
+                                          lora_request=lora)])
     if body.stream:
         events = _chat_events(state, stream, rid, model, len(prompt_ids), top_n,
                               body.include_usage, plan.active)
@@ -213,7 +216,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response | A
     arrival = time.monotonic()
     state = get_state(request)
     _refuse_unknown_fields(body)
-    model = state.check_model(body.model)
+    model, lora = resolve_model(request, body.model)  # a LoRA adapter's name, or the base
     if body.suffix:
         raise bad_request("suffix is not supported", "suffix")
     if body.best_of is not None and body.best_of != (body.n or 1):
@@ -229,7 +232,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response | A
     await check_constraints(state, params, body)
     base = f"cmpl-{uuid.uuid4().hex}"
     rids = [f"{base}-{i}" for i in range(len(prompts))]
-    stream = state.submit([PendingRequest(rid, ids, params, arrival_time=arrival)
+    stream = state.submit([PendingRequest(rid, ids, params, arrival_time=arrival,
+                                          lora_request=lora)
                            for rid, (_, ids) in zip(rids, prompts, strict=True)])
     ctx = _CompletionContext(state, base, model, rids, prompts, params.n, body)
     if body.stream:
