@@ -17,6 +17,7 @@ import json
 import math
 import os
 import re
+import struct
 from dataclasses import dataclass
 
 import torch
@@ -196,23 +197,42 @@ def _check_tensors(path: str, weights_file: str, cfg: dict,
                        base if isinstance(base, str) else None)
 
 
+_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+           "F64": torch.float64}
+
+
 def read_adapter(spec: AdapterSpec) -> dict[tuple[int, str], tuple[Tensor, Tensor, float]]:
-    """The checked adapter's (layer, module) -> (A [r, in], B [out, r], scaling), fp32."""
-    from safetensors.torch import load_file
-
-    tensors = load_file(spec.weights_file)
+    """The checked adapter's (layer, module) -> (A [r, in], B [out, r], scaling): views
+    of the file mapped copy-on-write (any float dtype; the caller converts as it copies).
+    A file changed since it was checked (other names or shapes) is a ValueError."""
+    nbytes = os.path.getsize(spec.weights_file)
+    data = torch.from_file(spec.weights_file, shared=False, size=nbytes, dtype=torch.uint8)
+    try:
+        (size,) = struct.unpack("<Q", data[:8].numpy().tobytes())
+        header = json.loads(data[8:8 + size].numpy().tobytes())
+    except (struct.error, ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"LoRA adapter {spec.path!r}: {WEIGHTS_FILE} changed since it was "
+                         f"checked: {exc}") from None
+    base = 8 + size
+    tensors: dict[tuple[int, str, str], Tensor] = {}
+    for key, info in header.items():
+        m = _KEY.fullmatch(key)
+        if m is None or not isinstance(info, dict) or info.get("dtype") not in _DTYPES:
+            continue
+        dtype = _DTYPES[info["dtype"]]
+        start, end = info["data_offsets"]
+        shape = tuple(info["shape"])
+        if (end - start != math.prod(shape) * dtype.itemsize or base + end > nbytes
+                or (base + start) % dtype.itemsize):
+            raise ValueError(f"LoRA adapter {spec.path!r}: tensor {key!r} is malformed")
+        raw = data[base + start:base + end]  # uint8 view of the mapping
+        tensors[(int(m[1]), m[3], m[4])] = raw.view(dtype).view(shape)
     out: dict[tuple[int, str], tuple[Tensor, Tensor, float]] = {}
-    for m in spec.modules:
-        prefix = f"model.layers.{m.layer}.{TARGETS[m.module][0]}.{m.module}"
-        a = _pick(tensors, prefix, "A")
-        b = _pick(tensors, prefix, "B")
-        out[(m.layer, m.module)] = (a.to(torch.float32), b.to(torch.float32), m.scaling)
+    for mod in spec.modules:
+        a = tensors.get((mod.layer, mod.module, "A"))
+        b = tensors.get((mod.layer, mod.module, "B"))
+        if a is None or b is None or a.shape[0] != mod.rank or b.shape[1] != mod.rank:
+            raise ValueError(f"LoRA adapter {spec.path!r}: layer {mod.layer} {mod.module} "
+                             "changed since the adapter was checked")
+        out[(mod.layer, mod.module)] = (a, b, mod.scaling)
     return out
-
-
-def _pick(tensors: dict[str, Tensor], prefix: str, which: str) -> Tensor:
-    for key in (f"base_model.model.{prefix}.lora_{which}.weight", f"{prefix}.lora_{which}.weight"):
-        if key in tensors:
-            return tensors[key]
-    raise ValueError(f"{prefix}.lora_{which}.weight vanished from the adapter file since it "
-                     "was checked")

@@ -87,12 +87,12 @@ class LoRABatch:
 
     def linear(self, layer: int, name: str, x: Tensor) -> Tensor:
         """Base linear ``name`` of ``layer`` on all rows plus each segment's delta."""
+        x = x.float().contiguous()  # no-ops on the float32 path
         y = _run(self.base.layer(layer, x)[name], x)  # [T, N]
         for start, end, adapter in self.segments:
             low_rank = adapter.layers[layer].get(name)
-            if low_rank is not None:
-                d = low_rank.delta(x[start:end])  # [m, N] float32
-                y[start:end] += d.to(y.dtype)
+            if low_rank is not None:  # in place on rows [start, end): [m, N] float32
+                y[start:end].add_(low_rank.delta(x[start:end]))
         return y
 
     def forward(self, model: LlamaForCausalLM, h: Tensor, positions: Tensor,

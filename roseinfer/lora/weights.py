@@ -4,9 +4,11 @@ roseinfer fuses q/k/v into ``qkv_proj`` and gate/up into ``gate_up_proj``, so an
 adapter's modules are fused the same way: ``A`` stacks the adapted modules' A rows
 ``[sum r, in]`` and ``B`` is block-structured ``[out, sum r]`` (each module's B, times
 its scaling, in its output rows and its own rank columns; zeros elsewhere, which add
-exact zeros).  The delta of a row is ``(x A^T) B^T``, in fp32, added to the base
-linear's output; with the C++ kernels both products run the fp32 kernel ``Linear``
-(one arithmetic for every row count: batch-invariant), else plain matmuls.
+exact zeros).  The fused rank is padded with zero rows / columns to a multiple of 8,
+so the kernel's AVX2 path (K % 8 == 0) serves every rank.  The delta of a row is
+``(x A^T) B^T``, in fp32, added to the base linear's output; with the C++ kernels both
+products run the fp32 kernel ``Linear`` (one arithmetic for every row count:
+batch-invariant), else plain matmuls.
 """
 
 from __future__ import annotations
@@ -26,25 +28,25 @@ FUSED: dict[str, tuple[str, ...]] = {
 }
 
 
+RANK_ALIGN = 8  # the fp32 kernel's AVX2 path needs K % 8 == 0 (B's K is the rank)
+
+
 class LowRank:
-    """The delta ``(x A^T) B^T`` of one fused linear (scaling folded into B)."""
+    """The delta ``(x A^T) B^T`` of one fused linear (scaling folded into B); x is a
+    contiguous float32 [m, K]."""
 
     def __init__(self, a: Tensor, b: Tensor, use_kernels: bool) -> None:
-        self.a = a.contiguous()  # [R, K]
-        self.b = b.contiguous()  # [N, R]
-        self._ka: object | None = None
-        self._kb: object | None = None
+        self.a = a  # [R, K] contiguous
+        self.b = b  # [N, R] contiguous
+        self.delta = self._torch_delta
         if use_kernels:
             from roseinfer.kernels import make_linear
 
-            self._ka = make_linear(self.a, None, fp16=False)
-            self._kb = make_linear(self.b, None, fp16=False)
+            ka, kb = make_linear(a, None, fp16=False), make_linear(b, None, fp16=False)
+            self.delta = lambda x: kb.forward(ka.forward(x))  # [m, K] -> [m, R] -> [m, N]
 
-    def delta(self, x: Tensor) -> Tensor:  # [m, K] -> [m, N] float32
-        x = x.float()
-        if self._ka is not None and self._kb is not None:
-            return self._kb.forward(self._ka.forward(x.contiguous()))  # type: ignore[attr-defined]
-        return (x @ self.a.T) @ self.b.T  # [m, R] -> [m, N]
+    def _torch_delta(self, x: Tensor) -> Tensor:  # [m, K] -> [m, N]
+        return (x @ self.a.T) @ self.b.T
 
 
 @dataclass
@@ -63,27 +65,34 @@ def build_adapter(lora_int_id: int, name: str, spec: AdapterSpec, config: ModelC
     tensors = read_adapter(spec)
     shapes = module_shapes(config)
     layers: list[dict[str, LowRank]] = [{} for _ in range(config.num_layers)]
-    nbytes = 0
+    plan = []  # (layer, fused, members, padded rank, N, K)
     for layer in range(config.num_layers):
         for fused, members in FUSED.items():
-            present = [m for m in members if (layer, m) in tensors]
-            if not present:
-                continue
-            total_rank = sum(tensors[(layer, m)][0].shape[0] for m in present)
-            out_total = sum(shapes[m][0] for m in members)
-            in_f = shapes[members[0]][1]
-            a = torch.empty(total_rank, in_f)  # [R, K]
-            b = torch.zeros(out_total, total_rank)  # [N, R]
-            row = col = 0
-            for m in members:
-                out_f = shapes[m][0]
-                if (layer, m) in tensors:
-                    ma, mb, scaling = tensors[(layer, m)]
-                    r = ma.shape[0]
-                    a[col:col + r] = ma
-                    b[row:row + out_f, col:col + r] = mb * scaling
-                    col += r
-                row += out_f
-            layers[layer][fused] = LowRank(a, b, use_kernels)
-            nbytes += (a.numel() + b.numel()) * 4
-    return LoadedAdapter(lora_int_id, name, layers, nbytes)
+            ranks = [tensors[(layer, m)][0].shape[0] for m in members if (layer, m) in tensors]
+            if ranks:
+                padded = -(-sum(ranks) // RANK_ALIGN) * RANK_ALIGN
+                plan.append((layer, fused, members, padded,
+                             sum(shapes[m][0] for m in members), shapes[members[0]][1]))
+    total = sum(r * (n + k) for *_, r, n, k in plan)
+    buffer = torch.zeros(total)  # one allocation: every A and B is a view of it
+    offset = 0
+    for layer, fused, members, padded, out_total, in_f in plan:
+        a = buffer[offset:offset + padded * in_f].view(padded, in_f)  # [R, K]
+        offset += padded * in_f
+        b = buffer[offset:offset + out_total * padded].view(out_total, padded)  # [N, R]
+        offset += out_total * padded
+        row = col = 0
+        for m in members:
+            out_f = shapes[m][0]
+            if (layer, m) in tensors:
+                ma, mb, scaling = tensors[(layer, m)]
+                r = ma.shape[0]
+                if tuple(ma.shape) != (r, in_f) or tuple(mb.shape) != (out_f, r):
+                    raise ValueError(f"LoRA adapter {spec.path!r}: layer {layer} {m} "
+                                     "changed since the adapter was checked")
+                a[col:col + r].copy_(ma)
+                torch.mul(mb, scaling, out=b[row:row + out_f, col:col + r])
+                col += r
+            row += out_f
+        layers[layer][fused] = LowRank(a, b, use_kernels)
+    return LoadedAdapter(lora_int_id, name, layers, total * 4)
