@@ -47,14 +47,19 @@ class BaseLinears:
     def __init__(self, model: LlamaForCausalLM) -> None:
         self.model = model
         self._layers: list[dict[str, object]] | None = None
+        self.on_stack = False  # the C++ LlamaStack serves this model (set on first use)
 
     def layer(self, i: int, sample: Tensor) -> dict[str, object]:
+        return self.layers(sample)[i]
+
+    def layers(self, sample: Tensor) -> list[dict[str, object]]:
         if self._layers is None:
             self._layers = self._build(sample)
-        return self._layers[i]
+        return self._layers
 
     def _build(self, sample: Tensor) -> list[dict[str, object]]:
         kernels = self.model._decode_stack(sample) is not None  # the stack serves this model
+        self.on_stack = kernels
         out: list[dict[str, object]] = []
         for layer in self.model.model.layers:
             mods = {"qkv": layer.self_attn.qkv_proj, "o": layer.self_attn.o_proj,
@@ -89,15 +94,21 @@ class LoRABatch:
         """Base linear ``name`` of ``layer`` on all rows plus each segment's delta."""
         x = x.float().contiguous()  # no-ops on the float32 path
         y = _run(self.base.layer(layer, x)[name], x)  # [T, N]
+        self.add_deltas(layer, name, x, y)
+        return y
+
+    def add_deltas(self, layer: int, name: str, x: Tensor, y: Tensor) -> None:
         for start, end, adapter in self.segments:
             low_rank = adapter.layers[layer].get(name)
             if low_rank is not None:  # in place on rows [start, end): [m, N] float32
                 y[start:end].add_(low_rank.delta(x[start:end]))
-        return y
 
     def forward(self, model: LlamaForCausalLM, h: Tensor, positions: Tensor,
                 kv_caches: list[Tensor], meta: AttentionMetadata) -> Tensor:
         """Embedded h [T, hidden] -> final-norm hidden [T, hidden], layer by layer."""
+        linears = self.base.layers(h)
+        if self.base.on_stack and meta.token_seq is not None:
+            return self._forward_stack_ops(model, h, positions, kv_caches, meta, linears)
         cfg = model.config
         inner = model.model
         rope = rope_inputs(inner.rotary_emb, positions, h)
@@ -118,3 +129,40 @@ class LoRABatch:
                 act = mlp.act(gate) * up
             h = h + self.linear(i, "down", act)
         return inner.norm(h)
+
+    def _forward_stack_ops(self, model: LlamaForCausalLM, h: Tensor, positions: Tensor,
+                           kv_caches: list[Tensor], meta: AttentionMetadata,
+                           linears: list[dict[str, object]]) -> Tensor:
+        """The LlamaStack's step op for op (csrc/stack.cpp: the same row kernels, the
+        same scale, residual adds then norms) with the deltas added after each linear."""
+        cfg, inner = model.config, model.model
+        ops = torch.ops.roseinfer
+        h_heads, kv_heads, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        q_size, t = h_heads * dh, h.shape[0]
+        scale = float(torch.tensor(1.0) / torch.sqrt(torch.tensor(float(dh))))  # as the stack's
+        cos_sin, eps = inner.rotary_emb.cos_sin_cache, float(inner.norm.eps)
+        layers = inner.layers
+        x = ops.rms_norm(h, layers[0].input_layernorm.weight, eps)  # [T, hidden]
+        for i, (layer, kv_cache) in enumerate(zip(layers, kv_caches, strict=True)):
+            lin = linears[i]
+            qkv = lin["qkv"].forward(x)  # [T, q + 2 kv]
+            self.add_deltas(i, "qkv", x, qkv)
+            ops.rope_and_cache_(qkv, positions, cos_sin, kv_cache, meta.slot_mapping,
+                                h_heads, kv_heads)
+            attn = ops.paged_attention(qkv[:, :q_size].view(t, h_heads, dh), kv_cache,
+                                       meta.block_tables, meta.token_seq,
+                                       meta.token_context_lens, meta.block_size, scale)
+            attn = attn.view(t, q_size)
+            o = lin["o"].forward(attn)  # [T, hidden]
+            self.add_deltas(i, "o", attn, o)
+            h = h + o
+            x = ops.rms_norm(h, layer.post_attention_layernorm.weight, eps)
+            gate_up = lin["gate_up"].forward(x)  # [T, 2I]
+            self.add_deltas(i, "gate_up", x, gate_up)
+            act = ops.silu_mul(gate_up)  # [T, I]
+            down = lin["down"].forward(act)  # [T, hidden]
+            self.add_deltas(i, "down", act, down)
+            h = h + down
+            norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else inner.norm
+            x = ops.rms_norm(h, norm.weight, eps)
+        return x
