@@ -1,7 +1,7 @@
 """LoRAManager: the engine's adapters — checked ones by id, at most ``max_loras``
 resident (an LRU swapped in from disk), and the per-step ``LoRABatch``.
 
-An adapter id is checked once (``check``: ``adapter.inspect_adapter``, nothing loaded)
+An adapter id is checked once (``check``: ``sources.check_adapter``, nothing loaded)
 and then always means the same name and path.  ``make_resident`` loads it into a free
 slot or in place of the least recently used resident adapter that no unfinished
 request uses (``pinned``); it never evicts one in use, and says False when every slot
@@ -16,9 +16,10 @@ from collections import OrderedDict
 
 from torch import nn
 
-from roseinfer.lora.adapter import AdapterSpec, inspect_adapter
+from roseinfer.lora.adapter import AdapterSpec
 from roseinfer.lora.forward import BaseLinears, LoRABatch
 from roseinfer.lora.request import LoRARequest
+from roseinfer.lora.sources import check_adapter
 from roseinfer.lora.weights import LoadedAdapter, build_adapter
 from roseinfer.model.config import ModelConfig
 
@@ -47,7 +48,7 @@ class LoRAManager:
                 raise ValueError(f"LoRA id {lora.lora_int_id} already names adapter "
                                  f"{known[0].lora_name!r} at {known[0].lora_path!r}")
             return known[1]
-        spec = inspect_adapter(lora.lora_path, self.config, self.max_lora_rank)
+        spec = check_adapter(lora.lora_path, self.config, self.max_lora_rank)
         self._checked[lora.lora_int_id] = (lora, spec)
         return spec
 

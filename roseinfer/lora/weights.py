@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from roseinfer.lora.adapter import AdapterSpec, module_shapes, read_adapter
+from roseinfer.lora.adapter import AdapterSpec, module_shapes
+from roseinfer.lora.sources import read_tensors
 from roseinfer.model.config import ModelConfig
 
 # roseinfer's fused linear -> the HF modules in it, in output-row order.
@@ -62,7 +63,7 @@ class LoadedAdapter:
 def build_adapter(lora_int_id: int, name: str, spec: AdapterSpec, config: ModelConfig,
                   use_kernels: bool) -> LoadedAdapter:
     """Read the checked adapter's tensors and fuse them per layer (see module docstring)."""
-    tensors = read_adapter(spec)
+    tensors = read_tensors(spec, config)
     shapes = module_shapes(config)
     layers: list[dict[str, LowRank]] = [{} for _ in range(config.num_layers)]
     plan = []  # (layer, fused, members, padded rank, N, K)

@@ -2,8 +2,8 @@
 
 Each name maps to a ``LoRARequest`` with an id never reused, so a name loaded again
 (even from the same path) is a new adapter to the engine and its prefix cache.  Every
-adapter is checked (``roseinfer.lora.adapter.inspect_adapter``: files, config, shapes,
-rank) before it is registered; a request then names it in ``model``.  Paths given at
+adapter is checked (``roseinfer.lora.sources.check_adapter``: files, config, shapes,
+rank; a PEFT directory or a GGUF LoRA file) before it is registered; a request then names it in ``model``.  Paths given at
 run time are confined to ``lora_dir`` (relative ones are taken inside it; ``..`` and
 symlinks leaving it are refused); without one they are refused unless
 ``allow_any_path`` (``--allow-any-lora-path``, as vLLM's
@@ -17,8 +17,8 @@ import os
 import threading
 from dataclasses import dataclass
 
-from roseinfer.lora.adapter import inspect_adapter
 from roseinfer.lora.request import LoRARequest
+from roseinfer.lora.sources import check_adapter
 from roseinfer.model.config import ModelConfig
 
 MAX_NAME_CHARS = 256
@@ -87,7 +87,7 @@ class LoRARegistry:
         with self._lock:
             if name in self._by_name:
                 raise LoRANameError(f"The lora adapter '{name}' has already been loaded.")
-        inspect_adapter(real, self.model_config, self.max_lora_rank)  # nothing loaded yet
+        check_adapter(real, self.model_config, self.max_lora_rank)  # nothing loaded yet
         with self._lock:
             if name in self._by_name:
                 raise LoRANameError(f"The lora adapter '{name}' has already been loaded.")
