@@ -36,14 +36,12 @@ class LowRank:
     """The delta ``(x A^T) B^T`` of one fused linear (scaling folded into B); x is a
     contiguous float32 [m, K]."""
 
-    def __init__(self, a: Tensor, b: Tensor, use_kernels: bool) -> None:
-        self.a = a  # [R, K] contiguous
-        self.b = b  # [N, R] contiguous
+    def __init__(self, a: Tensor, b: Tensor, kernel_cls: object | None) -> None:
+        self.a = a  # [R, K] contiguous float32
+        self.b = b  # [N, R] contiguous float32
         self.delta = self._torch_delta
-        if use_kernels:
-            from roseinfer.kernels import make_linear
-
-            ka, kb = make_linear(a, None, fp16=False), make_linear(b, None, fp16=False)
+        if kernel_cls is not None:  # torch.classes.roseinfer.Linear: the fp32 kernel
+            ka, kb = kernel_cls(a, None, False), kernel_cls(b, None, False)  # type: ignore[operator]
             self.delta = lambda x: kb.forward(ka.forward(x))  # [m, K] -> [m, R] -> [m, N]
 
     def _torch_delta(self, x: Tensor) -> Tensor:  # [m, K] -> [m, N]
@@ -64,6 +62,7 @@ def build_adapter(lora_int_id: int, name: str, spec: AdapterSpec, config: ModelC
                   use_kernels: bool) -> LoadedAdapter:
     """Read the checked adapter's tensors and fuse them per layer (see module docstring)."""
     tensors = read_tensors(spec, config)
+    kernel_cls = torch.classes.roseinfer.Linear if use_kernels else None  # looked up once
     shapes = module_shapes(config)
     layers: list[dict[str, LowRank]] = [{} for _ in range(config.num_layers)]
     plan = []  # (layer, fused, members, padded rank, N, K)
@@ -95,5 +94,5 @@ def build_adapter(lora_int_id: int, name: str, spec: AdapterSpec, config: ModelC
                 torch.mul(mb, scaling, out=b[row:row + out_f, col:col + r])
                 col += r
             row += out_f
-        layers[layer][fused] = LowRank(a, b, use_kernels)
+        layers[layer][fused] = LowRank(a, b, kernel_cls)
     return LoadedAdapter(lora_int_id, name, layers, total * 4)
