@@ -44,7 +44,7 @@ from roseinfer.engine.stats import EngineStats
 from roseinfer.engine.step_sampler import StepSampler
 from roseinfer.engine.structured import GrammarCompiler, StructuredDecoding
 from roseinfer.engine.validation import InvalidRequestError, RequestValidator
-from roseinfer.lora.admission import LoRAAdmission
+from roseinfer.lora.admission import LoRAAdmission, check_lora_request
 from roseinfer.lora.request import LoRARequest
 from roseinfer.lora.setup import setup_lora
 from roseinfer.model.config import ModelConfig
@@ -226,17 +226,7 @@ class LLMEngine:
     def check_lora(self, lora_request: LoRARequest | None) -> None:
         """InvalidRequestError (param ``lora_request``) unless this engine can run the
         adapter: LoRA enabled and the adapter checked against the model (nothing loaded)."""
-        if lora_request is None:
-            return
-        if not isinstance(lora_request, LoRARequest):
-            raise InvalidRequestError("lora_request must be a LoRARequest", "lora_request")
-        if self.lora is None:
-            raise InvalidRequestError("LoRA adapters are not enabled on this engine "
-                                      "(enable_lora=True)", "lora_request")
-        try:
-            self.lora.manager.check(lora_request)
-        except ValueError as exc:
-            raise InvalidRequestError(str(exc), "lora_request") from None
+        check_lora_request(self.lora, lora_request)
 
     def abort_request(self, request_id: str) -> bool:
         """Abort a request in any state; its blocks are freed at once."""
@@ -421,7 +411,8 @@ class LLMEngine:
         s.finished = dict(self.stats.finished)
         s.spec_decode_accepted_per_pos = list(self.stats.spec_decode_accepted_per_pos)
         s.num_running = len(self.scheduler.running)
-        s.num_waiting = len(self.scheduler.waiting)
+        s.num_waiting = len(self.scheduler.waiting) + (  # sequences waiting for an adapter too
+            len(self.lora.pending) if self.lora is not None else 0)
         s.num_held = self.scheduler.num_held
         s.num_free_blocks = self.block_manager.num_free_blocks
         s.num_cached_blocks = self.block_manager.num_cached_blocks

@@ -13,7 +13,25 @@ from collections import deque
 
 from roseinfer.engine.request import Request
 from roseinfer.engine.scheduler import Scheduler
+from roseinfer.engine.validation import InvalidRequestError
 from roseinfer.lora.manager import LoRAManager
+from roseinfer.lora.request import LoRARequest
+
+
+def check_lora_request(admission: LoRAAdmission | None, lora: LoRARequest | None) -> None:
+    """InvalidRequestError (param ``lora_request``) unless the engine (its admission
+    queue, None without LoRA) can run ``lora``: checked against the model, nothing loaded."""
+    if lora is None:
+        return
+    if not isinstance(lora, LoRARequest):
+        raise InvalidRequestError("lora_request must be a LoRARequest", "lora_request")
+    if admission is None:
+        raise InvalidRequestError("LoRA adapters are not enabled on this engine "
+                                  "(enable_lora=True)", "lora_request")
+    try:
+        admission.manager.check(lora)
+    except ValueError as exc:
+        raise InvalidRequestError(str(exc), "lora_request") from None
 
 
 class LoRAAdmission:
