@@ -124,3 +124,18 @@ def test_runtime_paths_refused_without_lora_dir(server, tmp_path: Path) -> None:
         closed.add("z", path)
     opened = LoRARegistry(LoRASettings(allow_any_path=True), cfg, 64, frozenset({BASE}))
     assert opened.add("z", path).lora_path == path
+
+
+def test_serve_lora_flags() -> None:
+    from roseinfer.cli import build_parser, engine_config_from_args
+    from roseinfer.server.cli import lora_engine_config, parse_lora_modules
+
+    args = build_parser().parse_args(["serve", "--lora-modules", "sql=/a/sql", "chat=/a/c=2",
+                                      "--max-loras", "2", "--max-lora-rank", "32"])
+    assert parse_lora_modules(args.lora_modules) == (("sql", "/a/sql"), ("chat", "/a/c=2"))
+    config = lora_engine_config(engine_config_from_args(args), args)
+    assert (config.enable_lora, config.max_loras, config.max_lora_rank) == (True, 2, 32)
+    plain = build_parser().parse_args(["serve"])
+    assert not lora_engine_config(engine_config_from_args(plain), plain).enable_lora
+    with pytest.raises(ValueError, match="NAME=PATH"):
+        parse_lora_modules(["just-a-path"])
