@@ -268,22 +268,22 @@ class LLMEngine:
         cannot run at all.
         """
         start = time.perf_counter()
-        if self.lora is not None:
-            self.lora.admit(self.scheduler)  # sequences whose adapter is now resident
+        # Sequences whose adapter is now resident join; one that cannot be loaded fails.
+        failed: dict[Request, str] = (self.lora.admit(self.scheduler) if self.lora is not None
+                                      else {})
         if self.spec is not None:
             self.spec.propose(self.scheduler.running)  # drafts, taken by schedule()
         sched = self.scheduler.schedule()
         self.last_step_tokens = sched.num_tokens
         self.stats.num_preemptions += len(sched.preempted)
         if sched.is_empty:
-            return []
+            return self._make_outputs([], self._fail(failed)) if failed else []
         self.stats.computed_tokens_total += sched.num_tokens
         now = time.monotonic()
         for s in sched.scheduled:
             group = self._groups.get(_group_id(s.request))
             if group is not None and group.metrics.first_scheduled_time is None:
                 group.metrics.first_scheduled_time = now
-        failed: dict[Request, str] = {}
         mask_job = self.structured.start(sched.scheduled)  # None: nothing constrained
         scheduled, logits = self._execute(sched.scheduled, failed)
         masks = self.structured.finish(mask_job, failed) if mask_job is not None else None

@@ -42,11 +42,13 @@ class LoRAAdmission:
     def add(self, request: Request) -> None:
         self.pending.append(request)
 
-    def admit(self, scheduler: Scheduler) -> None:
+    def admit(self, scheduler: Scheduler) -> dict[Request, str]:
         """Move the admissible pending sequences into ``scheduler`` (aborted ones are
-        dropped)."""
+        dropped); returns those whose adapter could not be loaded (its files changed or
+        went away since the check), with why: the engine fails their requests."""
+        failed: dict[Request, str] = {}
         if not self.pending:
-            return
+            return failed
         pinned = {r.lora_request.lora_int_id for r in scheduler.requests.values()
                   if r.lora_request is not None and not r.is_finished}
         kept: deque[Request] = deque()
@@ -54,12 +56,18 @@ class LoRAAdmission:
             lora = req.lora_request
             if req.is_finished or lora is None:
                 continue
-            if self.manager.make_resident(lora, pinned):
+            try:
+                resident = self.manager.make_resident(lora, pinned)
+            except (ValueError, OSError, RuntimeError) as exc:
+                failed[req] = f"LoRA adapter {lora.lora_name!r} could not be loaded: {exc}"
+                continue
+            if resident:
                 pinned.add(lora.lora_int_id)
                 scheduler.add_request(req)
             else:
                 kept.append(req)
         self.pending = kept
+        return failed
 
     def in_use(self, lora_int_id: int, scheduler: Scheduler) -> bool:
         """Whether any unfinished sequence (waiting here or in the scheduler) uses it."""

@@ -61,16 +61,18 @@ class LoRAManager:
         if lora.lora_int_id in self.resident:
             self.resident.move_to_end(lora.lora_int_id)
             return True
+        spec = self.check(lora)
+        reuse = None
         if len(self.resident) >= self.max_loras:
             victim = next((i for i in self.resident if i not in pinned), None)
             if victim is None:
                 return False
             evicted = self.resident.pop(victim)
+            reuse = evicted.buffer  # between steps: no LoRABatch refers to it any more
             logger.info("LoRA %r evicted for %r", evicted.name, lora.lora_name)
-        spec = self.check(lora)
         start = time.perf_counter()
         self.resident[lora.lora_int_id] = build_adapter(
-            lora.lora_int_id, lora.lora_name, spec, self.config, self.use_kernels)
+            lora.lora_int_id, lora.lora_name, spec, self.config, self.use_kernels, reuse)
         self.last_load_s = time.perf_counter() - start
         self.num_loads += 1
         logger.info("LoRA %r loaded in %.1f ms", lora.lora_name, self.last_load_s * 1e3)

@@ -55,12 +55,18 @@ class LoadedAdapter:
     lora_int_id: int
     name: str
     layers: list[dict[str, LowRank]]
-    nbytes: int
+    buffer: Tensor  # float32 [n]: every A and B of ``layers`` is a view of it
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.numel() * 4
 
 
 def build_adapter(lora_int_id: int, name: str, spec: AdapterSpec, config: ModelConfig,
-                  use_kernels: bool) -> LoadedAdapter:
-    """Read the checked adapter's tensors and fuse them per layer (see module docstring)."""
+                  use_kernels: bool, reuse: Tensor | None = None) -> LoadedAdapter:
+    """Read the checked adapter's tensors and fuse them per layer (see module docstring).
+    ``reuse``: an evicted adapter's buffer, overwritten when it is large enough (no fresh
+    pages to fault in); nothing may use that adapter any more."""
     tensors = read_tensors(spec, config)
     kernel_cls = torch.classes.roseinfer.Linear if use_kernels else None  # looked up once
     shapes = module_shapes(config)
@@ -74,7 +80,10 @@ def build_adapter(lora_int_id: int, name: str, spec: AdapterSpec, config: ModelC
                 plan.append((layer, fused, members, padded,
                              sum(shapes[m][0] for m in members), shapes[members[0]][1]))
     total = sum(r * (n + k) for *_, r, n, k in plan)
-    buffer = torch.zeros(total)  # one allocation: every A and B is a view of it
+    if reuse is not None and reuse.numel() >= total:
+        buffer = reuse[:total].zero_()
+    else:
+        buffer = torch.zeros(total)  # one allocation: every A and B is a view of it
     offset = 0
     for layer, fused, members, padded, out_total, in_f in plan:
         a = buffer[offset:offset + padded * in_f].view(padded, in_f)  # [R, K]
@@ -95,4 +104,4 @@ def build_adapter(lora_int_id: int, name: str, spec: AdapterSpec, config: ModelC
                 col += r
             row += out_f
         layers[layer][fused] = LowRank(a, b, kernel_cls)
-    return LoadedAdapter(lora_int_id, name, layers, total * 4)
+    return LoadedAdapter(lora_int_id, name, layers, buffer)

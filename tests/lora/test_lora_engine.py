@@ -145,3 +145,26 @@ def test_lora_needs_enable_lora(adapters, hf_base, tmp_path: Path) -> None:  # n
     engine = make_engine(hf_base, "none")
     with pytest.raises(InvalidRequestError, match="not enabled"):
         engine.add_request("x", [5, 6, 7], lora_request=adapters["all"][0])
+
+
+def test_adapter_gone_before_loading_fails_its_request_alone(hf_base, tmp_path: Path) -> None:  # noqa: ANN001
+    """Checked when added, its weights file deleted before the swap-in: that request ends
+    with finish reason "error" naming the adapter; a base request beside it finishes."""
+    with cpu_kernels(True):
+        engine = make_engine(hf_base, "none", enable_lora=True)
+        make_adapter(tmp_path / "gone", seed=9, r=8)
+        engine.add_request("lora", _prompt(40, 10), greedy(3),
+                           lora_request=LoRARequest("gone", 7, str(tmp_path / "gone")))
+        engine.add_request("base", _prompt(41, 10), greedy(3))
+        (tmp_path / "gone" / "adapter_model.safetensors").unlink()
+        finals = {}
+        for _ in range(50):
+            for out in engine.step():
+                if out.finished:
+                    finals[out.request_id] = out
+            if not engine.has_unfinished_requests():
+                break
+    assert finals["lora"].outputs[0].finish_reason == "error"
+    assert "'gone' could not be loaded" in finals["lora"].error
+    assert finals["base"].error is None and len(finals["base"].outputs[0].token_ids) == 3
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
