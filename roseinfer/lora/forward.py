@@ -98,10 +98,19 @@ class LoRABatch:
         return y
 
     def add_deltas(self, layer: int, name: str, x: Tensor, y: Tensor) -> None:
-        for start, end, adapter in self.segments:
-            low_rank = adapter.layers[layer].get(name)
-            if low_rank is not None:  # in place on rows [start, end): [m, N] float32
-                y[start:end].add_(low_rank.delta(x[start:end]))
+        """The segments' deltas on one thread: each is too small to pay for a parallel
+        region's fork and join (the kernels' arithmetic does not depend on threads)."""
+        threads = torch.get_num_threads()
+        if threads > 1:
+            torch.set_num_threads(1)
+        try:
+            for start, end, adapter in self.segments:
+                low_rank = adapter.layers[layer].get(name)
+                if low_rank is not None:  # in place on rows [start, end): [m, N] float32
+                    y[start:end].add_(low_rank.delta(x[start:end]))
+        finally:
+            if threads > 1:
+                torch.set_num_threads(threads)
 
     def forward(self, model: LlamaForCausalLM, h: Tensor, positions: Tensor,
                 kv_caches: list[Tensor], meta: AttentionMetadata) -> Tensor:
