@@ -76,6 +76,12 @@ class EngineConfig:
     # from other hosts with `roseinfer tp-worker --distributed-init-method tcp://HOST:PORT
     # --rank R`. None = every worker rank here.
     distributed_local_workers: int | None = None
+    # LoRA adapters (docs/lora.md): requests may name a PEFT adapter (LoRARequest); at
+    # most max_loras are resident at once (LRU, loaded from disk), each of rank <=
+    # max_lora_rank. Llama-family models, tensor_parallel_size 1.
+    enable_lora: bool = False
+    max_loras: int = 4
+    max_lora_rank: int = 64
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
@@ -115,6 +121,7 @@ class EngineConfig:
                              f"{self.weight_cache!r}")
         self._check_distributed()
         self._check_kv_cache_dir()
+        self._check_lora()
         # Normalised once, at construction: validated, and a dict never kept.
         object.__setattr__(self, "speculative_config",
                            SpeculativeConfig.coerce(self.speculative_config))
@@ -156,6 +163,17 @@ class EngineConfig:
                 or not 0 < timeout <= 86400):
             raise ValueError("EngineConfig.distributed_timeout_s must be a number of seconds "
                              f"in (0, 86400], got {timeout!r}")
+
+    def _check_lora(self) -> None:
+        if self.enable_lora not in (True, False):
+            raise ValueError(f"EngineConfig.enable_lora must be a bool, got {self.enable_lora!r}")
+        for name in ("max_loras", "max_lora_rank"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"EngineConfig.{name} must be an int >= 1, got {value!r}")
+        if self.enable_lora and self.tensor_parallel_size > 1:
+            raise ValueError("EngineConfig.enable_lora is not supported with "
+                             "tensor_parallel_size > 1")
 
     def resolved_quantization(self, device_type: str) -> str:
         """The weight format actually used on a device of this type ("cpu", "cuda")."""

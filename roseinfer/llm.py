@@ -15,6 +15,12 @@ Tools are OpenAI-shaped, as on the server (``roseinfer.tool_calls``)::
     out = llm.chat(messages, params, tools=[{"type": "function", "function": {
         "name": "get_weather", "parameters": {...}}}], tool_choice="required")
     out[0].outputs[0].tool_calls  # (ToolCall(id, name, arguments: JSON text), ...)
+
+LoRA adapters (PEFT directories; ``enable_lora=True``), one per prompt or one for all,
+None for the base model; a batch mixes them (docs/lora.md)::
+
+    llm = LLM(model, enable_lora=True, max_loras=4)
+    llm.generate(prompts, params, lora_request=LoRARequest("sql", 1, "/adapters/sql"))
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from typing import Any
 
 from roseinfer.config import EngineConfig
 from roseinfer.engine.engine import LLMEngine
+from roseinfer.lora.request import LoRARequest
 from roseinfer.outputs import RequestOutput
 from roseinfer.sampling_params import SamplingParams
 from roseinfer.tool_calls import Tool, chat_prompt_ids, plan_tools, tool_constraint, with_tool_calls
@@ -71,8 +78,10 @@ class LLM:
         self,
         prompts: Prompt | Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt (continuously batched); outputs in prompt order.
+        ``lora_request``: one adapter for every prompt, or one (or None) per prompt.
 
         Every prompt is validated before any is queued. A request that fails while
         stepping comes back with finish reason ``"error"`` and ``.error`` set; the
@@ -80,13 +89,15 @@ class LLM:
         """
         prompt_list = _as_prompt_list(prompts)
         param_list = _as_param_list(params, len(prompt_list))
-        for prompt, p in zip(prompt_list, param_list, strict=True):
+        lora_list = _as_lora_list(lora_request, len(prompt_list))
+        for prompt, p, lora in zip(prompt_list, param_list, lora_list, strict=True):
             self.engine.validate_request(prompt, p)  # every prompt before any is queued
+            self.engine.check_lora(lora)
         ids = []
         try:
-            for prompt, p in zip(prompt_list, param_list, strict=True):
+            for prompt, p, lora in zip(prompt_list, param_list, lora_list, strict=True):
                 rid = self.engine.next_request_id()
-                self.engine.add_request(rid, prompt, p)
+                self.engine.add_request(rid, prompt, p, lora_request=lora)
                 ids.append(rid)
             finals: dict[str, RequestOutput] = {}
             while len(finals) < len(ids):
@@ -191,3 +202,13 @@ def _as_param_list(
     if len(params) != n:
         raise ValueError(f"got {len(params)} SamplingParams for {n} prompts")
     return params
+
+
+def _as_lora_list(lora: LoRARequest | Sequence[LoRARequest | None] | None, n: int
+                  ) -> list[LoRARequest | None]:
+    if lora is None or isinstance(lora, LoRARequest):
+        return [lora] * n
+    lora = list(lora)
+    if len(lora) != n:
+        raise ValueError(f"got {len(lora)} LoRA requests for {n} prompts")
+    return lora

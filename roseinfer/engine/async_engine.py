@@ -319,7 +319,8 @@ class AsyncEngine:
                 continue
             try:
                 self.engine.add_request(req.request_id, req.prompt_token_ids, req.params,
-                                        arrival_time=req.arrival_time)
+                                        arrival_time=req.arrival_time,
+                                        lora_request=req.lora_request)
             except ValueError as exc:
                 self._deliver([(stream, RequestRejectedError(str(exc)))])
                 continue

@@ -13,7 +13,8 @@ the front block and drops its cache entry, so cached blocks are evicted least
 recently used first and a block in use is never evicted.
 
 Prefix caching: the i-th full block of a sequence is keyed by a chain hash of
-(hash of block i-1, token ids of block i): 128 bits of BLAKE2b, the same in every
+(hash of block i-1, token ids of block i; block 0's parent is the request's
+``prefix_salt``: its LoRA adapter's, None for the base model): 128 bits of BLAKE2b, the same in every
 process (the disk cache and the Ray router name blocks by it). A lookup walks the chain
 and stops at the first miss; a hit is confirmed against the stored parent hash and
 token ids, so a hash collision can never reuse wrong K/V.
@@ -125,7 +126,7 @@ class BlockManager:
         tokens = request.all_token_ids
         while (len(hashes) + 1) * bs <= len(tokens):
             i = len(hashes)
-            parent = hashes[-1] if hashes else None
+            parent = hashes[-1] if hashes else request.prefix_salt
             hashes.append(self._hash_fn(parent, tuple(tokens[i * bs:(i + 1) * bs])))
 
     def find_cached_blocks(self, request: Request) -> list[int]:
@@ -145,7 +146,7 @@ class BlockManager:
             # Logits at position p give the entry of position p + 1.
             max_blocks = min(max_blocks, max(0, request.num_prompt_logprobs - 1) // bs)
         hits: list[int] = []
-        parent: int | None = None
+        parent: int | None = request.prefix_salt  # the adapter's (None: base model)
         tokens = request.all_token_ids
         for i, h in enumerate(request.block_hashes[:max_blocks]):
             block_id = self._cached.get(h)
@@ -286,7 +287,7 @@ class BlockManager:
             if block.block_hash is not None or h in self._cached:
                 continue  # already registered (ours, or an identical block of another request)
             block.block_hash = h
-            block.parent_hash = request.block_hashes[i - 1] if i else None
+            block.parent_hash = request.block_hashes[i - 1] if i else request.prefix_salt
             block.token_ids = tuple(tokens[i * bs:(i + 1) * bs])
             self._cached[h] = block.block_id
         request.num_offered_blocks = max(request.num_offered_blocks, num_full)

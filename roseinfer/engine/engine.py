@@ -13,6 +13,9 @@ A request with ``n > 1`` runs as n sequences that share the prompt's KV blocks
 through the prefix cache; its outputs are grouped back under one request id.
 With ``speculative_config``, decoding requests draft tokens by n-gram lookup
 (``roseinfer.engine.spec_decode``) and a step may give a request several tokens.
+With ``enable_lora`` a request may name a LoRA adapter (``lora_request``): it waits in
+``self.lora`` (``roseinfer.lora.admission``) until its adapter is resident, then runs
+mixed with the others (``roseinfer.lora.forward``).
 With ``tensor_parallel_size`` > 1 the runner is rank 0 of a tensor-parallel group
 (``roseinfer.distributed``, built by ``runner_setup``): same ``execute``, workers
 stopped by ``shutdown()``; any failure there is fatal (``ModelFailedError``).
@@ -43,6 +46,9 @@ from roseinfer.engine.step_sampler import StepSampler
 from roseinfer.engine.structured import GrammarCompiler, StructuredDecoding
 from roseinfer.engine.validation import InvalidRequestError, RequestValidator
 from roseinfer.kvcache.tier import open_disk_tier
+from roseinfer.lora.admission import LoRAAdmission, check_lora_request
+from roseinfer.lora.request import LoRARequest
+from roseinfer.lora.setup import setup_lora
 from roseinfer.model.config import ModelConfig
 from roseinfer.outputs import RequestMetrics, RequestOutput
 from roseinfer.runner.model_runner import StepLogits
@@ -121,6 +127,9 @@ class LLMEngine:
         self.last_step_tokens = 0  # tokens the last step ran (0: nothing was schedulable)
         self._checked_params: SamplingParams | None = None  # the last params that passed
         self.stats = EngineStats(num_total_blocks=num_blocks)
+        self.lora: LoRAAdmission | None = (
+            setup_lora(config, self.runner, model_config, self.device, self.dtype)
+            if config.enable_lora else None)
 
     @property
     def failure(self) -> BaseException | None:
@@ -170,6 +179,7 @@ class LLMEngine:
         prompt: str | list[int],
         params: SamplingParams | None = None,
         arrival_time: float | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> list[int]:
         """Queue a request; it joins the batch at the next step. Returns its prompt ids.
 
@@ -182,6 +192,7 @@ class LLMEngine:
             raise InvalidRequestError(f"request id {request_id!r} is already in use",
                                       "request_id")
         prompt_ids = self.validate_request(prompt, params)
+        self.check_lora(lora_request)
         child_ids = [request_id] if params.n == 1 else [f"{request_id}#{i}"
                                                          for i in range(params.n)]
         taken = next((c for c in child_ids if c in self.scheduler.requests), None)
@@ -201,6 +212,7 @@ class LLMEngine:
             child = Request(child_id, prompt_ids, params, self.eos_token_ids, arrival, gen,
                             group_id=request_id)
             child.grammar = grammar.new_matcher() if grammar is not None else None
+            child.lora_request = lora_request
             if i == 0 and params.prompt_logprobs is not None:
                 child.records_prompt_logprobs = True
                 child.num_prompt_logprobs = 1  # position 0 has no logprob
@@ -213,7 +225,10 @@ class LLMEngine:
                 if self.tokenizer is not None else None
             )
         for child in children:
-            self.scheduler.add_request(child)
+            if lora_request is not None and self.lora is not None:
+                self.lora.add(child)  # joins the scheduler once its adapter is resident
+            else:
+                self.scheduler.add_request(child)
         self._groups[request_id] = RequestGroup(
             request_id, prompt if isinstance(prompt, str) else None, prompt_ids, params,
             children, detoks, RequestMetrics(arrival), [""] * params.n, [0] * params.n,
@@ -221,6 +236,11 @@ class LLMEngine:
         )
         self.stats.prompt_tokens_total += len(prompt_ids)
         return prompt_ids
+
+    def check_lora(self, lora_request: LoRARequest | None) -> None:
+        """InvalidRequestError (param ``lora_request``) unless this engine can run the
+        adapter: LoRA enabled and the adapter checked against the model (nothing loaded)."""
+        check_lora_request(self.lora, lora_request)
 
     def abort_request(self, request_id: str) -> bool:
         """Abort a request in any state; its blocks are freed at once."""
@@ -262,20 +282,22 @@ class LLMEngine:
         cannot run at all.
         """
         start = time.perf_counter()
+        # Sequences whose adapter is now resident join; one that cannot be loaded fails.
+        failed: dict[Request, str] = (self.lora.admit(self.scheduler) if self.lora is not None
+                                      else {})
         if self.spec is not None:
             self.spec.propose(self.scheduler.running)  # drafts, taken by schedule()
         sched = self.scheduler.schedule()
         self.last_step_tokens = sched.num_tokens
         self.stats.num_preemptions += len(sched.preempted)
         if sched.is_empty:
-            return []
+            return self._make_outputs([], self._fail(failed)) if failed else []
         self.stats.computed_tokens_total += sched.num_tokens
         now = time.monotonic()
         for s in sched.scheduled:
             group = self._groups.get(_group_id(s.request))
             if group is not None and group.metrics.first_scheduled_time is None:
                 group.metrics.first_scheduled_time = now
-        failed: dict[Request, str] = {}
         mask_job = self.structured.start(sched.scheduled)  # None: nothing constrained
         scheduled, logits = self._execute(sched.scheduled, failed)
         masks = self.structured.finish(mask_job, failed) if mask_job is not None else None
@@ -405,7 +427,8 @@ class LLMEngine:
         s.finished = dict(self.stats.finished)
         s.spec_decode_accepted_per_pos = list(self.stats.spec_decode_accepted_per_pos)
         s.num_running = len(self.scheduler.running)
-        s.num_waiting = len(self.scheduler.waiting)
+        s.num_waiting = len(self.scheduler.waiting) + (  # sequences waiting for an adapter too
+            len(self.lora.pending) if self.lora is not None else 0)
         s.num_held = self.scheduler.num_held
         s.num_free_blocks = self.block_manager.num_free_blocks
         s.num_cached_blocks = self.block_manager.num_cached_blocks

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from roseinfer.lora.request import LoRARequest
 from roseinfer.outputs import Logprob
 from roseinfer.sampling_params import SamplingParams
 
@@ -84,6 +85,8 @@ class Request:
     # what fits; never part of all_token_ids), and the drafter's per-sequence state.
     spec_token_ids: list[int] = field(default_factory=list)
     spec: SpecState | None = None
+    # The LoRA adapter this sequence runs with (None: the base model).
+    lora_request: LoRARequest | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -91,6 +94,13 @@ class Request:
         self.all_token_ids = list(self.prompt_token_ids) + list(self.output_token_ids)
         if not self.group_id:
             self.group_id = self.request_id
+
+    @property
+    def prefix_salt(self) -> int | None:
+        """Parent hash of the first KV block in the prefix cache: None for the base model,
+        the adapter's (``LoRARequest.prefix_salt``, stable across processes) otherwise, so
+        cached prefixes, in memory or on disk, are shared only within one adapter."""
+        return None if self.lora_request is None else self.lora_request.prefix_salt
 
     @property
     def num_prompt_tokens(self) -> int:

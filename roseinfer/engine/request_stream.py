@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from roseinfer.lora.request import LoRARequest
 from roseinfer.outputs import RequestOutput
 from roseinfer.sampling_params import SamplingParams
 
@@ -53,6 +54,7 @@ class PendingRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     arrival_time: float = field(default_factory=time.monotonic)
+    lora_request: LoRARequest | None = None  # the adapter it runs with (None: base model)
 
 
 @dataclass(slots=True)

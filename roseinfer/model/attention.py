@@ -67,7 +67,19 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
         window: WindowView | None = None,
     ) -> Tensor:  # x [T, hidden] -> [T, hidden]
-        qkv = self.qkv_proj(x)  # [T, q_size + 2 * kv_size]
+        out = self.attend(self.qkv_proj(x), rope, kv_cache, meta, window)  # [T, q_size]
+        return self.o_proj(out)  # [T, hidden]
+
+    def attend(
+        self,
+        qkv: Tensor,
+        rope: RopeInputs,
+        kv_cache: Tensor,
+        meta: AttentionMetadata,
+        window: WindowView | None = None,
+    ) -> Tensor:  # qkv [T, q_size + 2 * kv_size] -> [T, q_size], before o_proj
+        """Everything between the q/k/v and output projections (LoRA adds its deltas
+        to both around this: ``roseinfer.lora.forward``)."""
         if self.q_norm is not None and self.k_norm is not None:
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
             q = self.q_norm(q.reshape(-1, self.head_dim)).view(-1, self.q_size)  # per head
@@ -92,4 +104,4 @@ class Attention(nn.Module):
             q, k, v, kv_cache, meta, self.scale, kv_written=rope.fused,
             window=window if self.sliding else None, softcap=self.softcap,
         )  # [T, H, Dh]
-        return self.o_proj(out.reshape(-1, self.q_size))  # [T, hidden]
+        return out.reshape(-1, self.q_size)  # [T, q_size]

@@ -24,6 +24,7 @@ block table; the only Python loops run over sequences, never over tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -71,6 +72,9 @@ class AttentionMetadata:
     block_tables: Tensor | None = None  # [N, W] int32
     token_seq: Tensor | None = None  # [T] int32 row of block_tables
     token_context_lens: Tensor | None = None  # [T] int32 positions attended (position + 1)
+    # LoRA adapters of the step's rows (a ``roseinfer.lora.forward.LoRABatch``), set by
+    # the runner when any row has one; the model then runs it (None: base model only).
+    lora: Any = None
 
     @property
     def num_tokens(self) -> int:

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 logger = logging.getLogger("roseinfer.model")
 
 
-def _kernel_linear(module: nn.Module) -> object | None:
+def kernel_linear(module: nn.Module) -> object | None:
     """The kernel ``Linear`` for an ``nn.Linear`` (fp32, shared) or an ``Fp16Linear``."""
     from roseinfer.kernels import make_linear
     from roseinfer.model.quantize import Fp16Linear
@@ -75,7 +75,7 @@ def build_llama_decode_stack(model: Any, sample: Tensor) -> object | None:
     )
     for layer in inner.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        linears = [_kernel_linear(m) for m in
+        linears = [kernel_linear(m) for m in
                    (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
         if any(k is None for k in linears):
             return None

@@ -154,6 +154,8 @@ class LlamaForCausalLM(nn.Module):
                 f"expected {len(self.model.layers)} KV caches, got {len(kv_caches)}"
             )
         h = self.embed(input_ids)  # [T, hidden]
+        if meta.lora is not None:  # rows with LoRA adapters: layer by layer (roseinfer.lora)
+            return meta.lora.forward(self, h, positions, kv_caches, meta)
         stack = self._decode_stack(h)
         if stack is not None and meta.token_seq is not None:
             # Every layer in one C++ call (roseinfer.kernels), for decode and prefill rows

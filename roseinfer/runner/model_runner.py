@@ -12,6 +12,7 @@ sample: the logits of all of them are returned, in order.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -22,6 +23,9 @@ from roseinfer.model.config import ModelConfig
 from roseinfer.runner.kv_pool import allocate_kv_caches
 from roseinfer.runner.kv_pool import kv_bytes_per_block as kv_bytes_per_block  # re-export
 from roseinfer.runner.kv_pool import num_kv_blocks as num_kv_blocks  # re-export
+
+if TYPE_CHECKING:
+    from roseinfer.lora.manager import LoRAManager
 
 
 @dataclass(slots=True)
@@ -50,6 +54,7 @@ class ModelRunner:
         self.device = device
         # One tensor per layer: [2 (K, V), slots, kv_heads, head_dim] (zero pages on CPU).
         self.kv_caches = allocate_kv_caches(config, num_blocks, block_size, kv_dtype, device)
+        self.lora: LoRAManager | None = None  # set by the engine when LoRA is enabled
 
     @property
     def failure(self) -> BaseException | None:
@@ -63,6 +68,8 @@ class ModelRunner:
     def execute(self, scheduled: list[ScheduledRequest]) -> StepLogits:
         layout = layout_step(scheduled)
         meta = build_attention_metadata(layout.seqs, self.block_size, self.device)
+        if self.lora is not None and any(layout.row_loras):
+            meta.lora = self.lora.batch(layout.row_loras)
         input_ids = torch.tensor(layout.token_ids, dtype=torch.long, device=self.device)  # [T]
         hidden = self.model(input_ids, meta.positions, self.kv_caches, meta)  # [T, H]
         if layout.sample_rows:
@@ -86,12 +93,18 @@ class StepLayout:
     sample_rows: list[int]
     # Scheduled index -> flat rows [start, end) of a chunk whose prompt logprobs are kept.
     prompt_ranges: dict[int, tuple[int, int]]
+    row_loras: list[int]  # [T] each row's LoRA adapter id (0: base model)
 
 
 def layout_step(scheduled: list[ScheduledRequest]) -> StepLayout:
     """The flat batch of a step: decode-type chunks (one new token) first, as the
-    attention metadata expects; rows to sample and prompt-logprob rows."""
-    order = sorted(range(len(scheduled)), key=lambda i: scheduled[i].num_new_tokens != 1)
+    attention metadata expects, each part grouped by LoRA adapter (one segment each);
+    rows to sample and prompt-logprob rows."""
+    loras = [0 if s.request.lora_request is None else s.request.lora_request.lora_int_id
+             for s in scheduled]
+    order = sorted(range(len(scheduled)),
+                   key=lambda i: (scheduled[i].num_new_tokens != 1, loras[i]))
+    row_loras: list[int] = []
     seqs: list[SeqSpec] = []
     flat_ids: list[int] = []
     end: dict[int, int] = {}  # scheduled index -> one past its last flat row
@@ -102,6 +115,7 @@ def layout_step(scheduled: list[ScheduledRequest]) -> StepLayout:
         own = s.num_new_tokens - len(s.spec_token_ids)
         flat_ids.extend(req.all_token_ids[start:start + own])
         flat_ids.extend(s.spec_token_ids)
+        row_loras.extend([loras[i]] * s.num_new_tokens)
         seqs.append(SeqSpec(start, s.num_new_tokens, req.block_table))
         end[i] = len(flat_ids)
     sample_rows = [r for i, s in enumerate(scheduled) if s.completes
@@ -111,4 +125,4 @@ def layout_step(scheduled: list[ScheduledRequest]) -> StepLayout:
         if s.request.records_prompt_logprobs
         and s.request.num_computed_tokens < s.request.num_prompt_tokens
     }
-    return StepLayout(flat_ids, seqs, sample_rows, prompt_ranges)
+    return StepLayout(flat_ids, seqs, sample_rows, prompt_ranges, row_loras)

@@ -23,12 +23,13 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from roseinfer.engine.async_engine import AsyncEngine
-from roseinfer.server import routes_chat, routes_misc, routes_openai, routes_ui
+from roseinfer.server import routes_chat, routes_lora, routes_misc, routes_openai, routes_ui
 from roseinfer.server.anthropic import routes as anthropic_routes
 from roseinfer.server.anthropic.errors import shaped_for
 from roseinfer.server.early_answer import answer, drain, header, reject
 from roseinfer.server.errors import APIError, install_error_handlers
 from roseinfer.server.host_guard import HostGuardMiddleware
+from roseinfer.server.lora_registry import LoRASettings
 from roseinfer.server.metrics import ServerMetrics
 from roseinfer.server.prompt_gate import PromptGate
 from roseinfer.server.responses_api import routes as routes_responses
@@ -136,8 +137,10 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-def create_app(async_engine: AsyncEngine, settings: ServerSettings | None = None) -> FastAPI:
-    """The HTTP app over a (started or not yet started) AsyncEngine."""
+def create_app(async_engine: AsyncEngine, settings: ServerSettings | None = None,
+               lora: LoRASettings | None = None) -> FastAPI:
+    """The HTTP app over a (started or not yet started) AsyncEngine; ``lora``: the
+    adapters and run-time loading rules when the engine has ``enable_lora``."""
     settings = settings or ServerSettings()
 
     @asynccontextmanager
@@ -161,6 +164,7 @@ def create_app(async_engine: AsyncEngine, settings: ServerSettings | None = None
     app.include_router(routes_responses.router)
     app.include_router(routes_misc.router)
     app.include_router(anthropic_routes.router)
+    routes_lora.install(app, async_engine, lora)  # /v1/*_lora_adapter with enable_lora
     if settings.ui:
         app.include_router(routes_ui.build_router(UiAssets(STATIC_DIR)))
     app.add_middleware(GuardMiddleware, settings=settings)

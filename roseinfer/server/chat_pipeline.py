@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from roseinfer.engine.request_stream import PendingRequest, RequestStream
+from roseinfer.lora.request import LoRARequest
 from roseinfer.sampling_params import SamplingParams
 from roseinfer.server.chat_reader import thinking_start
 from roseinfer.server.errors import APIError
@@ -161,7 +162,10 @@ async def prepare_chat(state: ServerState, gate: PromptGate, turn: ChatTurn,
                         time.monotonic() if arrival is None else arrival)
 
 
-def submit_chat(state: ServerState, prepared: PreparedChat, request_id: str) -> RequestStream:
-    """Queue ``prepared`` as ``request_id`` (503 when the queue is full)."""
+def submit_chat(state: ServerState, prepared: PreparedChat, request_id: str,
+                lora_request: LoRARequest | None = None) -> RequestStream:
+    """Queue ``prepared`` as ``request_id`` (503 when the queue is full), with the LoRA
+    adapter its ``model`` named (``routes_lora.resolve_model``; None: the base model)."""
     return state.submit([PendingRequest(request_id, prepared.prompt_ids, prepared.params,
-                                        arrival_time=prepared.arrival)])
+                                        arrival_time=prepared.arrival,
+                                        lora_request=lora_request)])

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from roseinfer.engine.async_engine import AsyncEngine
     from roseinfer.engine.engine import LLMEngine
     from roseinfer.server.conn_limits import ConnectionLimits
+    from roseinfer.server.lora_registry import LoRASettings
     from roseinfer.server.state import ServerSettings
 
 logger = logging.getLogger("roseinfer.server")
@@ -83,6 +84,19 @@ def register(subparsers: Any) -> None:
                    help="do not serve the web UI (chat + engine dashboard) at /")
     g.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
+    lo = p.add_argument_group("LoRA adapters (docs/lora.md)")
+    lo.add_argument("--enable-lora", action="store_true",
+                    help="serve LoRA adapters (implied by the options below)")
+    lo.add_argument("--lora-modules", nargs="+", default=(), metavar="NAME=PATH",
+                    help="PEFT adapter directories served under these model names")
+    lo.add_argument("--max-loras", type=int, default=4,
+                    help="adapters resident at once (LRU, swapped in from disk)")
+    lo.add_argument("--max-lora-rank", type=int, default=64, help="largest adapter rank")
+    lo.add_argument("--lora-dir", default=None,
+                    help="POST /v1/load_lora_adapter may load adapters inside this directory")
+    lo.add_argument("--allow-any-lora-path", action="store_true",
+                    help="POST /v1/load_lora_adapter may load any path the server can read "
+                         "(as vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING)")
     r = p.add_argument_group("replicas on Ray Serve (needs the 'ray' extra)")
     r.add_argument("--ray", action="store_true",
                    help="serve --num-replicas engines behind one endpoint with Ray Serve")
@@ -105,14 +119,15 @@ def _setup_logging(level: str) -> None:
 
 def run_server(async_engine: AsyncEngine, settings: ServerSettings, host: str, port: int,
                graceful_timeout: int = 30, log_level: str = "info",
-               limits: ConnectionLimits | None = None, timeout_keep_alive: int = 5) -> int:
+               limits: ConnectionLimits | None = None, timeout_keep_alive: int = 5,
+               lora: LoRASettings | None = None) -> int:
     """Serve until SIGTERM / SIGINT; returns the process exit code."""
     import uvicorn
 
     from roseinfer.server.app import create_app
     from roseinfer.server.conn_limits import ConnectionLimits, server_config
 
-    app = create_app(async_engine, settings)
+    app = create_app(async_engine, settings, lora)
     config = server_config(app, limits or ConnectionLimits(), host=host, port=port,
                            log_level=log_level, timeout_graceful_shutdown=graceful_timeout,
                            timeout_keep_alive=timeout_keep_alive, access_log=False)
@@ -142,6 +157,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from roseinfer.runner.model_runner import kv_bytes_per_block
     from roseinfer.server.access import AccessSettings
     from roseinfer.server.conn_limits import ConnectionLimits
+    from roseinfer.server.lora_registry import LoRASettings
     from roseinfer.server.state import ServerSettings
 
     try:  # the server's own options, checked before the model loads
@@ -150,10 +166,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                 allowed_origins=tuple(args.allowed_origins),
                                 public_metrics=args.public_metrics)
         limits = ConnectionLimits(args.request_timeout, args.max_connections)
+        lora = LoRASettings(modules=parse_lora_modules(args.lora_modules),
+                            lora_dir=args.lora_dir, allow_any_path=args.allow_any_lora_path)
+        config = lora_engine_config(engine_config_from_args(args), args)
     except ValueError as exc:
         print(f"roseinfer serve: error: {exc}", file=sys.stderr)
         return 2
-    config = engine_config_from_args(args)
     names = tuple(args.served_model_name or (default_model_name(args.model),))
     logger.info("loading model %s (dtype %s, device %s)", args.model or DEFAULT_MODEL_NAME,
                 config.dtype, config.device)
@@ -190,7 +208,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 if access.loopback_bound or access.allowed_hosts else "any",
                 ", ".join(access.allowed_origins) or "none")
     return run_server(async_engine, settings, args.host, args.port, args.graceful_timeout,
-                      args.log_level, limits, args.timeout_keep_alive)
+                      args.log_level, limits, args.timeout_keep_alive, lora)
+
+
+def parse_lora_modules(items: Any) -> tuple[tuple[str, str], ...]:
+    """``--lora-modules name=path ...`` -> ((name, path), ...); ValueError otherwise."""
+    out = []
+    for item in items or ():
+        name, sep, path = str(item).partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--lora-modules takes NAME=PATH, got {item!r}")
+        out.append((name, path))
+    return tuple(out)
+
+
+def lora_engine_config(config: Any, args: argparse.Namespace) -> Any:
+    """The engine config with LoRA on when any LoRA option asks for it."""
+    enable = bool(args.enable_lora or args.lora_modules or args.lora_dir
+                  or args.allow_any_lora_path)
+    return dataclasses.replace(config, enable_lora=enable, max_loras=args.max_loras,
+                               max_lora_rank=args.max_lora_rank)
 
 
 def _serve_on_ray(args: argparse.Namespace) -> int:

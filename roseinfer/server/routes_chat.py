@@ -44,6 +44,7 @@ from roseinfer.server.responses import (
     DeltaMessage,
     Usage,
 )
+from roseinfer.server.routes_lora import resolve_model
 from roseinfer.server.state import get_state
 from roseinfer.server.streaming import SSE_DONE, StreamResponse, sse
 from roseinfer.server.structured import constraint_fields, constraint_param
@@ -76,12 +77,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     arrival = time.monotonic()
     state = get_state(request)
     refuse_unknown_fields(body)
-    model = state.check_model(body.model)
+    model, lora = resolve_model(request, body.model)  # a LoRA adapter's name, or the base
     if body.top_logprobs and not body.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
     prepared = await prepare_chat(state, get_gate(request), chat_turn(body), arrival)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
-    stream = submit_chat(state, prepared, rid)
+    stream = submit_chat(state, prepared, rid, lora)
     if body.stream:
         chunks = _chunks(chat_events(state, prepared, stream), rid, model, body.include_usage)
         return StreamResponse(chunks, on_close=stream.abort)

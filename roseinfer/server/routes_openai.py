@@ -31,6 +31,7 @@ from roseinfer.server.responses import (
     ModelList,
     Usage,
 )
+from roseinfer.server.routes_lora import lora_model_cards, resolve_model
 from roseinfer.server.state import ServerState, collect, engine_error, get_state, make_params
 from roseinfer.server.streaming import SSE_DONE, StreamResponse, sse
 from roseinfer.server.structured import check_constraints, constraint_fields
@@ -59,13 +60,17 @@ def _cards(state: ServerState) -> list[ModelCard]:
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> ModelList:
-    return ModelList(data=_cards(get_state(request)))
+    state = get_state(request)
+    return ModelList(data=_cards(state) + lora_model_cards(request, state.max_model_len))
 
 
 @router.get("/v1/models/{model_id:path}")
 async def retrieve_model(model_id: str, request: Request) -> ModelCard:
-    """One served model (``models.retrieve``); 404 ``model_not_found`` for another id."""
-    cards = [card for card in _cards(get_state(request)) if card.id == model_id]
+    """One served model or adapter (``models.retrieve``); 404 ``model_not_found`` for
+    another id."""
+    state = get_state(request)
+    cards = [card for card in _cards(state) + lora_model_cards(request, state.max_model_len)
+             if card.id == model_id]
     if not cards:
         raise APIError(404, f"The model '{model_id}' does not exist", param="model",
                        code="model_not_found")
@@ -103,7 +108,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response | A
     arrival = time.monotonic()
     state = get_state(request)
     refuse_unknown_fields(body)
-    model = state.check_model(body.model)
+    model, lora = resolve_model(request, body.model)  # a LoRA adapter's name, or the base
     if body.suffix:
         raise bad_request("suffix is not supported", "suffix")
     if body.best_of is not None and body.best_of != (body.n or 1):
@@ -119,7 +124,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response | A
     await check_constraints(state, params, body)
     base = f"cmpl-{uuid.uuid4().hex}"
     rids = [f"{base}-{i}" for i in range(len(prompts))]
-    stream = state.submit([PendingRequest(rid, ids, params, arrival_time=arrival)
+    stream = state.submit([PendingRequest(rid, ids, params, arrival_time=arrival,
+                                          lora_request=lora)
                            for rid, (_, ids) in zip(rids, prompts, strict=True)])
     ctx = _CompletionContext(state, base, model, rids, prompts, params.n, body)
     if body.stream:

@@ -55,6 +55,7 @@ from roseinfer.server.chat_pipeline import (
 )
 from roseinfer.server.errors import APIError
 from roseinfer.server.prompt_gate import get_gate
+from roseinfer.server.routes_lora import resolve_model
 from roseinfer.server.state import get_state
 from roseinfer.server.streaming import StreamResponse
 
@@ -71,11 +72,11 @@ def _omit_thinking(body: ConversationFields) -> bool:
 async def create_message(body: MessagesRequest, request: Request) -> Response:
     arrival = time.monotonic()
     state = get_state(request)
-    model = state.check_model(body.model)
+    model, lora = resolve_model(request, body.model)  # a LoRA adapter's name, or the base
     turn = ChatTurn(**turn_fields(body), fields=FIELDS)
     prepared = await prepare_chat(state, get_gate(request), turn, arrival)
     message_id = new_message_id()
-    stream = submit_chat(state, prepared, message_id)
+    stream = submit_chat(state, prepared, message_id, lora)
     stops, omit = body.stop_sequences, _omit_thinking(body)
     if body.stream:
         events = stream_events(chat_events(state, prepared, stream), message_id, model,
@@ -143,7 +144,7 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> Response:
     """``{"input_tokens"}``: the prompt a ``/v1/messages`` request with this conversation
     would have (system, messages and the tools as the model is shown them)."""
     state = get_state(request)
-    state.check_model(body.model)
+    resolve_model(request, body.model)  # the base model or an adapter
     turn = ChatTurn(**conversation_fields(body), fields=FIELDS)
     return JSONResponse({"input_tokens": await count_chat_tokens(state, get_gate(request), turn)})
 

@@ -50,6 +50,7 @@ from roseinfer.server.responses_api.protocol import (
 )
 from roseinfer.server.responses_api.store import ResponseStore
 from roseinfer.server.responses_api.writer import Event, ResponseWriter, new_id, sse_event
+from roseinfer.server.routes_lora import resolve_model
 from roseinfer.server.state import get_state
 from roseinfer.server.streaming import ClientDisconnectedError, StreamResponse, until_disconnect
 
@@ -135,7 +136,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response 
     state = get_state(request)
     store = get_store(request)
     check_request(body)
-    model = state.check_model(body.model)
+    model, lora = resolve_model(request, body.model)  # a LoRA adapter's name, or the base
     tools = function_tools(body)
     conversation = input_items(body)
     if body.previous_response_id is not None:
@@ -146,7 +147,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response 
     prepared = await prepare_chat(state, get_gate(request), chat_turn(body, conversation, tools),
                                   arrival)
     rid = new_id("resp")
-    stream = submit_chat(state, prepared, rid)
+    stream = submit_chat(state, prepared, rid, lora)
     response = ResponseObject(id=rid, created_at=int(time.time()), model=model,
                               **echoed(body, tools))
     run = _Run(ResponseWriter(response), store if body.stored else None, conversation,
