@@ -114,7 +114,11 @@ def test_stream_events(client, ts) -> None:
                for e in events[3:-2])
     joined = "".join(d.delta for d in deltas)
     assert joined == events[-4].text == final.output_text == whole.output_text
-    assert final.usage == whole.usage
+    # the same counts; the second run of the prompt may take more of it from the cache
+    assert (final.usage.input_tokens, final.usage.output_tokens, final.usage.total_tokens) == (
+        whole.usage.input_tokens, whole.usage.output_tokens, whole.usage.total_tokens)
+    assert (final.usage.input_tokens_details.cached_tokens
+            >= whole.usage.input_tokens_details.cached_tokens)
     assert client.responses.retrieve(final.id).output_text == whole.output_text  # stored too
     # on the wire: `event:` names each event's type, and nothing follows the last
     body = {"model": MODEL_NAME, "input": "Count to ten.", "stream": True, **GREEDY}
