@@ -319,7 +319,7 @@ class AsyncEngine:
                 continue
             try:
                 self.engine.add_request(req.request_id, req.prompt_token_ids, req.params,
-                                        arrival_time=req.arrival_time)
+                                        arrival_time=req.arrival_time, pooling=req.pooling)
             except ValueError as exc:
                 self._deliver([(stream, RequestRejectedError(str(exc)))])
                 continue

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from roseinfer.outputs import RequestOutput
+from roseinfer.pooling_params import PoolingParams
 from roseinfer.sampling_params import SamplingParams
 
 
@@ -53,6 +54,7 @@ class PendingRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     arrival_time: float = field(default_factory=time.monotonic)
+    pooling: PoolingParams | None = None  # an embedding request
 
 
 @dataclass(slots=True)

@@ -4,14 +4,16 @@ Given the scheduler's chunks it builds the flat batch (token ids, positions,
 slot mapping and block tables via ``build_attention_metadata``), runs ONE model
 forward over every scheduled token of every request, and returns logits for the
 last position of each chunk that completes its request (those are sampled), plus
-all-position logits for chunks whose request asked for prompt logprobs. A chunk with
+all-position logits for chunks whose request asked for prompt logprobs. Chunks of an
+embedding request (``Request.pooling``) are never sampled: their final hidden rows are
+pooled instead (``roseinfer.runner.pooler``; ``StepLogits.pooled``). A chunk with
 d speculative drafts (fed after the request's own last token) has d + 1 positions to
 sample: the logits of all of them are returned, in order.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -22,6 +24,7 @@ from roseinfer.model.config import ModelConfig
 from roseinfer.runner.kv_pool import allocate_kv_caches
 from roseinfer.runner.kv_pool import kv_bytes_per_block as kv_bytes_per_block  # re-export
 from roseinfer.runner.kv_pool import num_kv_blocks as num_kv_blocks  # re-export
+from roseinfer.runner.pooler import pool_chunk
 
 
 @dataclass(slots=True)
@@ -30,6 +33,9 @@ class StepLogits:
     # rows of its last 1 + d positions (d = its drafts; 1 row without speculation).
     sample_logits: torch.Tensor
     prompt_logits: dict[int, torch.Tensor]  # scheduled index -> [num_new_tokens, V] float32
+    # Embedding requests: scheduled index -> [H] float32, the chunk's pooled part (the sum
+    # of its rows for mean pooling; the prompt's last row, on the completing chunk, for last).
+    pooled: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 class ModelRunner:
@@ -72,7 +78,13 @@ class ModelRunner:
             sample_logits = torch.empty(0, self.config.vocab_size, device=self.device)
         prompt_logits = {i: self.model.compute_logits(hidden[a:b])  # [num_new_tokens, V]
                          for i, (a, b) in layout.prompt_ranges.items()}
-        return StepLogits(sample_logits.float(), prompt_logits)
+        pooled = {}
+        for i, (a, b) in layout.pool_ranges.items():
+            s = scheduled[i]
+            part = pool_chunk(hidden[a:b], s.request.pooling, s.completes)
+            if part is not None:
+                pooled[i] = part
+        return StepLogits(sample_logits.float(), prompt_logits, pooled)
 
 
 @dataclass(slots=True)
@@ -86,6 +98,8 @@ class StepLayout:
     sample_rows: list[int]
     # Scheduled index -> flat rows [start, end) of a chunk whose prompt logprobs are kept.
     prompt_ranges: dict[int, tuple[int, int]]
+    # Scheduled index -> flat rows [start, end) of an embedding request's chunk.
+    pool_ranges: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
 def layout_step(scheduled: list[ScheduledRequest]) -> StepLayout:
@@ -104,11 +118,13 @@ def layout_step(scheduled: list[ScheduledRequest]) -> StepLayout:
         flat_ids.extend(s.spec_token_ids)
         seqs.append(SeqSpec(start, s.num_new_tokens, req.block_table))
         end[i] = len(flat_ids)
-    sample_rows = [r for i, s in enumerate(scheduled) if s.completes
+    sample_rows = [r for i, s in enumerate(scheduled) if s.samples
                    for r in range(end[i] - 1 - len(s.spec_token_ids), end[i])]
     prompt_ranges = {
         i: (end[i] - s.num_new_tokens, end[i]) for i, s in enumerate(scheduled)
         if s.request.records_prompt_logprobs
         and s.request.num_computed_tokens < s.request.num_prompt_tokens
     }
-    return StepLayout(flat_ids, seqs, sample_rows, prompt_ranges)
+    pool_ranges = {i: (end[i] - s.num_new_tokens, end[i]) for i, s in enumerate(scheduled)
+                   if s.request.pooling is not None}
+    return StepLayout(flat_ids, seqs, sample_rows, prompt_ranges, pool_ranges)
