@@ -3,10 +3,11 @@
 An embedding request (``Request.pooling``) runs through the same step loop as the
 others but only prefills: each step's forward gives its chunk's pooled part
 (``StepLogits.pooled``, from ``roseinfer.runner.pooler``). ``accumulate`` adds it to the
-request (a chunk that starts at position 0 — the first, or the first after a
-preemption — starts over), and once the prompt is complete ``finish`` turns the sum /
-last row into the embedding (mean: divided by the prompt length; L2-normalized unless
-``normalize`` is off) and finishes the request with ``"stop"``.
+request (the runner folds each chunk into the state the request holds; a chunk from
+position 0 — the first, or the first after a preemption — starts over), and once the
+prompt is complete ``finish`` turns the sum / last row into the embedding (mean: divided
+by the prompt length, then float32; L2-normalized unless ``normalize`` is off) and
+finishes the request with ``"stop"``.
 """
 
 from __future__ import annotations
@@ -36,10 +37,9 @@ def accumulate(scheduled: Sequence[ScheduledRequest], logits: StepLogits | None,
         req = s.request
         if req.pooling is None or req in failed or req.is_finished:
             continue
-        part = logits.pooled.get(i)
-        if part is not None:
-            first = req.num_computed_tokens == 0
-            req.pooled = part if first or req.pooling.pooling == "last" else req.pooled + part
+        state = logits.pooled.get(i)
+        if state is not None:
+            req.pooled = state
         if s.completes:
             if req.pooled is None:
                 failed[req] = "the runner gave no hidden states to pool"
@@ -58,7 +58,7 @@ def finish(scheduler: Scheduler, done: Sequence[Request]) -> list[Request]:
             continue  # aborted during the step
         vec = req.pooled
         if req.pooling.pooling == "mean":
-            vec = vec / req.num_prompt_tokens
+            vec = (vec / req.num_prompt_tokens).float()
         if req.pooling.normalize:
             vec = torch.nn.functional.normalize(vec, p=2.0, dim=0)
         req.embedding = vec.tolist()

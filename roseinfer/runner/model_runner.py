@@ -33,8 +33,9 @@ class StepLogits:
     # rows of its last 1 + d positions (d = its drafts; 1 row without speculation).
     sample_logits: torch.Tensor
     prompt_logits: dict[int, torch.Tensor]  # scheduled index -> [num_new_tokens, V] float32
-    # Embedding requests: scheduled index -> [H] float32, the chunk's pooled part (the sum
-    # of its rows for mean pooling; the prompt's last row, on the completing chunk, for last).
+    # Embedding requests: scheduled index -> [H], the request's pooled state after the
+    # chunk (mean: the float64 sum of its rows so far; last: the prompt's last row, on the
+    # completing chunk).
     pooled: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
@@ -81,7 +82,9 @@ class ModelRunner:
         pooled = {}
         for i, (a, b) in layout.pool_ranges.items():
             s = scheduled[i]
-            part = pool_chunk(hidden[a:b], s.request.pooling, s.completes)
+            req = s.request  # a chunk from position 0 (first, or after preemption) restarts
+            prev = req.pooled if req.num_computed_tokens > 0 else None
+            part = pool_chunk(hidden[a:b], req.pooling, s.completes, prev)
             if part is not None:
                 pooled[i] = part
         return StepLogits(sample_logits.float(), prompt_logits, pooled)
