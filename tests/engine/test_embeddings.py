@@ -96,3 +96,21 @@ def test_refusals(llm):
     assert exc.value.param == "params"
     with pytest.raises(ValueError):
         PoolingParams(pooling="cls")
+
+
+def test_preempted_embedding_starts_over(hf, llm):
+    """Preempted mid-prompt (its blocks taken by an older request), it is recomputed from
+    position 0: the same vector."""
+    alone = llm.embed([PROMPTS[0]])[0].embedding
+    engine = engine_from_hf(hf, block_size=4, num_kv_blocks=8, max_num_batched_tokens=8)
+    engine.add_request("gen", list(range(3, 19)), SamplingParams(max_tokens=12, ignore_eos=True))
+    engine.step()
+    engine.step()
+    engine.add_request("emb", PROMPTS[0], pooling=PoolingParams())
+    finals = {}
+    for _ in range(100):
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+        if len(finals) == 2:
+            break
+    assert engine.stats.num_preemptions > 0
+    assert finals["emb"].embedding == alone
