@@ -10,6 +10,9 @@ Constrained outputs go through ``SamplingParams`` like everything else::
 A schema / regex / grammar that cannot be compiled raises ``InvalidRequestError``
 (``param == "structured_outputs"``) before any prompt is queued.
 
+Embeddings: ``llm.embed(prompts, PoolingParams(pooling="last"))`` pools each prompt's
+final hidden states (mean by default, L2-normalized) into ``EmbeddingOutput.embedding``.
+
 Tools are OpenAI-shaped, as on the server (``roseinfer.tool_calls``)::
 
     out = llm.chat(messages, params, tools=[{"type": "function", "function": {
@@ -32,7 +35,8 @@ from typing import Any
 from roseinfer.config import EngineConfig
 from roseinfer.engine.engine import LLMEngine
 from roseinfer.lora.request import LoRARequest
-from roseinfer.outputs import RequestOutput
+from roseinfer.outputs import EmbeddingOutput, RequestOutput
+from roseinfer.pooling_params import PoolingParams
 from roseinfer.sampling_params import SamplingParams
 from roseinfer.tool_calls import Tool, chat_prompt_ids, plan_tools, tool_constraint, with_tool_calls
 
@@ -93,11 +97,36 @@ class LLM:
         for prompt, p, lora in zip(prompt_list, param_list, lora_list, strict=True):
             self.engine.validate_request(prompt, p)  # every prompt before any is queued
             self.engine.check_lora(lora)
+        return self._run(prompt_list, param_list, lora_list, None)
+
+    def embed(self, prompts: Prompt | Sequence[Prompt],
+              pooling: PoolingParams | None = None) -> list[EmbeddingOutput]:
+        """The embedding of every prompt (batched like ``generate``), in prompt order.
+        Raises ``RuntimeError`` if a prompt failed in the engine."""
+        prompt_list = _as_prompt_list(prompts)
+        pooling = pooling or PoolingParams()
+        params = SamplingParams(max_tokens=1)
+        for prompt in prompt_list:
+            self.engine.validate_request(prompt, params)
+        outs = self._run(prompt_list, [params] * len(prompt_list), [None] * len(prompt_list),
+                         pooling)
+        result = []
+        for out in outs:
+            if out.embedding is None:
+                raise RuntimeError(f"embedding {out.request_id} failed: {out.error}")
+            result.append(EmbeddingOutput(out.request_id, out.prompt, out.prompt_token_ids,
+                                          out.embedding))
+        return result
+
+    def _run(self, prompt_list: list[Prompt], param_list: Sequence[SamplingParams],
+             lora_list: Sequence[LoRARequest | None],
+             pooling: PoolingParams | None) -> list[RequestOutput]:
+        """Queue every request, step until all finished; aborts them all on an error."""
         ids = []
         try:
             for prompt, p, lora in zip(prompt_list, param_list, lora_list, strict=True):
                 rid = self.engine.next_request_id()
-                self.engine.add_request(rid, prompt, p, lora_request=lora)
+                self.engine.add_request(rid, prompt, p, lora_request=lora, pooling=pooling)
                 ids.append(rid)
             finals: dict[str, RequestOutput] = {}
             while len(finals) < len(ids):

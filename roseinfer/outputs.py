@@ -73,3 +73,18 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     error: str | None = None  # set when the request failed in the engine (finish "error")
+    embedding: list[float] | None = None  # an embedding request's vector, once finished
+
+
+@dataclass(slots=True)
+class EmbeddingOutput:
+    """One prompt's embedding (``LLM.embed``): its pooled final hidden state."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    embedding: list[float]
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)

@@ -320,7 +320,8 @@ class AsyncEngine:
             try:
                 self.engine.add_request(req.request_id, req.prompt_token_ids, req.params,
                                         arrival_time=req.arrival_time,
-                                        lora_request=req.lora_request)
+                                        lora_request=req.lora_request,
+                                        pooling=req.pooling)
             except ValueError as exc:
                 self._deliver([(stream, RequestRejectedError(str(exc)))])
                 continue

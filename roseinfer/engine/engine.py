@@ -19,6 +19,9 @@ mixed with the others (``roseinfer.lora.forward``).
 With ``tensor_parallel_size`` > 1 the runner is rank 0 of a tensor-parallel group
 (``roseinfer.distributed``, built by ``runner_setup``): same ``execute``, workers
 stopped by ``shutdown()``; any failure there is fatal (``ModelFailedError``).
+An embedding request (``add_request(..., pooling=PoolingParams())``) only prefills, with
+no prefix-cache hits, and finishes with its pooled final hidden state in
+``RequestOutput.embedding`` (``roseinfer.engine.pooling``).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import torch
 from torch import nn
 
 from roseinfer.config import EngineConfig
+from roseinfer.engine import pooling as pool
 from roseinfer.engine.block_manager import BlockManager
 from roseinfer.engine.detokenizer import IncrementalDetokenizer
 from roseinfer.engine.fault_isolation import describe, run_isolated
@@ -51,6 +55,7 @@ from roseinfer.lora.request import LoRARequest
 from roseinfer.lora.setup import setup_lora
 from roseinfer.model.config import ModelConfig
 from roseinfer.outputs import RequestMetrics, RequestOutput
+from roseinfer.pooling_params import PoolingParams
 from roseinfer.runner.model_runner import StepLogits
 from roseinfer.runner.sampler import Sampler
 from roseinfer.sampling_params import SamplingParams
@@ -180,14 +185,19 @@ class LLMEngine:
         params: SamplingParams | None = None,
         arrival_time: float | None = None,
         lora_request: LoRARequest | None = None,
+        pooling: PoolingParams | None = None,
     ) -> list[int]:
         """Queue a request; it joins the batch at the next step. Returns its prompt ids.
 
         Everything is checked before anything is queued (``InvalidRequestError``, a
         ``ValueError``, names the field): the prompt and ``params`` against the model
-        (``self.validator``) and every sequence id against those in use.
+        (``self.validator``) and every sequence id against those in use. ``pooling``
+        makes it an embedding request (``params``: one sequence, ``max_tokens=1``).
         """
-        params = params or SamplingParams()
+        params = params or (SamplingParams(max_tokens=1) if pooling is not None
+                            else SamplingParams())
+        if pooling is not None:
+            pool.check_request(pooling, params, self.config.tensor_parallel_size)
         if request_id in self._groups:
             raise InvalidRequestError(f"request id {request_id!r} is already in use",
                                       "request_id")
@@ -213,6 +223,7 @@ class LLMEngine:
                             group_id=request_id)
             child.grammar = grammar.new_matcher() if grammar is not None else None
             child.lora_request = lora_request
+            child.pooling = pooling
             if i == 0 and params.prompt_logprobs is not None:
                 child.records_prompt_logprobs = True
                 child.num_prompt_logprobs = 1  # position 0 has no logprob
@@ -222,7 +233,7 @@ class LLMEngine:
                                        params.include_stop_str_in_output,
                                        params.skip_special_tokens,
                                        min_tokens=params.min_tokens)
-                if self.tokenizer is not None else None
+                if self.tokenizer is not None and pooling is None else None
             )
         for child in children:
             if lora_request is not None and self.lora is not None:
@@ -307,8 +318,10 @@ class LLMEngine:
         self._record_prompt_logprobs(scheduled, logits)
         if self.spec is not None:
             self.spec.record(scheduled, sampled, self.stats)
+        embedded = pool.accumulate(scheduled, logits, failed)
         failed_groups = self._fail(failed)
         advanced = self.scheduler.update(SchedulerOutput(scheduled), sampled)
+        advanced += pool.finish(self.scheduler, embedded)
         outputs = self._make_outputs(advanced, failed_groups)
         if self.spec is not None:  # what a step of this many rows costs: drafts' worth
             self.spec.observe_step(sched.num_tokens, time.perf_counter() - start)

@@ -5,7 +5,8 @@ cache (``num_computed_tokens``), its block table, its status and finish reason.
 The scheduler advances ``num_computed_tokens`` until it catches up with
 ``num_tokens``; every time it does, one new token is sampled and appended (with
 speculative decoding, its accepted drafts too). A constrained request also owns its
-grammar matcher (``grammar``), a speculating one its drafter state (``spec``).
+grammar matcher (``grammar``), a speculating one its drafter state (``spec``). An
+embedding request (``pooling`` set) only prefills and finishes with its pooled vector.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 
 from roseinfer.lora.request import LoRARequest
 from roseinfer.outputs import Logprob
+from roseinfer.pooling_params import PoolingParams
 from roseinfer.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -87,6 +89,11 @@ class Request:
     spec: SpecState | None = None
     # The LoRA adapter this sequence runs with (None: the base model).
     lora_request: LoRARequest | None = None
+    # Embedding requests: how the prompt's final hidden rows are pooled (None: a
+    # generation request); the pooled sum / last row so far; the finished vector.
+    pooling: PoolingParams | None = None
+    pooled: torch.Tensor | None = None
+    embedding: list[float] | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

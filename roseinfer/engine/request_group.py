@@ -66,4 +66,5 @@ class RequestGroup:
             prompt_token_ids=self.prompt_token_ids, outputs=outs, finished=finished,
             num_cached_tokens=self.children[0].num_cached_tokens, metrics=self.metrics,
             prompt_logprobs=self.prompt_logprobs, error=self.error,
+            embedding=self.children[0].embedding,
         )

@@ -15,6 +15,7 @@ from typing import Protocol
 
 from roseinfer.lora.request import LoRARequest
 from roseinfer.outputs import RequestOutput
+from roseinfer.pooling_params import PoolingParams
 from roseinfer.sampling_params import SamplingParams
 
 
@@ -55,6 +56,7 @@ class PendingRequest:
     params: SamplingParams
     arrival_time: float = field(default_factory=time.monotonic)
     lora_request: LoRARequest | None = None  # the adapter it runs with (None: base model)
+    pooling: PoolingParams | None = None  # an embedding request
 
 
 @dataclass(slots=True)

@@ -49,6 +49,12 @@ class ScheduledRequest:
         r = self.request
         return r.num_computed_tokens + self.num_new_tokens - len(self.spec_token_ids) == r.num_tokens
 
+    @property
+    def samples(self) -> bool:
+        """True when this chunk gets a sampled token: it completes a request that is not
+        an embedding request (those pool their hidden rows instead)."""
+        return self.completes and self.request.pooling is None
+
 
 @dataclass(slots=True)
 class SchedulerOutput:
@@ -153,7 +159,8 @@ class Scheduler:
                 if self._preempt_held(out):
                     continue  # its seat is free now (it waits at the front, held)
                 break
-            cached = bm.find_cached_blocks(req)
+            # An embedding request pools the hidden rows of every prompt position: no hits.
+            cached = bm.find_cached_blocks(req) if req.pooling is None else []
             if self._waits_for_shared_prefix(req, len(cached), pending_hashes):
                 skipped.append(self.waiting.popleft())  # its prefix is being computed now
                 continue

@@ -55,7 +55,7 @@ class StepSampler:
         for the other chunks and failed rows. ``masks``: the allowed tokens of
         constrained requests."""
         result: list[list[int]] = [[] for _ in scheduled]
-        chunks = [i for i, s in enumerate(scheduled) if s.completes]
+        chunks = [i for i, s in enumerate(scheduled) if s.samples]
         if not chunks or logits is None:
             return result
         x = logits.sample_logits  # [R, V]: 1 + d rows per completing chunk

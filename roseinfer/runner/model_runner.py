@@ -4,14 +4,16 @@ Given the scheduler's chunks it builds the flat batch (token ids, positions,
 slot mapping and block tables via ``build_attention_metadata``), runs ONE model
 forward over every scheduled token of every request, and returns logits for the
 last position of each chunk that completes its request (those are sampled), plus
-all-position logits for chunks whose request asked for prompt logprobs. A chunk with
+all-position logits for chunks whose request asked for prompt logprobs. Chunks of an
+embedding request (``Request.pooling``) are never sampled: their final hidden rows are
+pooled instead (``roseinfer.runner.pooler``; ``StepLogits.pooled``). A chunk with
 d speculative drafts (fed after the request's own last token) has d + 1 positions to
 sample: the logits of all of them are returned, in order.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -23,6 +25,7 @@ from roseinfer.model.config import ModelConfig
 from roseinfer.runner.kv_pool import allocate_kv_caches
 from roseinfer.runner.kv_pool import kv_bytes_per_block as kv_bytes_per_block  # re-export
 from roseinfer.runner.kv_pool import num_kv_blocks as num_kv_blocks  # re-export
+from roseinfer.runner.pooler import pool_chunk
 
 if TYPE_CHECKING:
     from roseinfer.lora.manager import LoRAManager
@@ -34,6 +37,10 @@ class StepLogits:
     # rows of its last 1 + d positions (d = its drafts; 1 row without speculation).
     sample_logits: torch.Tensor
     prompt_logits: dict[int, torch.Tensor]  # scheduled index -> [num_new_tokens, V] float32
+    # Embedding requests: scheduled index -> [H], the request's pooled state after the
+    # chunk (mean: the float64 sum of its rows so far; last: the prompt's last row, on the
+    # completing chunk).
+    pooled: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 class ModelRunner:
@@ -79,7 +86,15 @@ class ModelRunner:
             sample_logits = torch.empty(0, self.config.vocab_size, device=self.device)
         prompt_logits = {i: self.model.compute_logits(hidden[a:b])  # [num_new_tokens, V]
                          for i, (a, b) in layout.prompt_ranges.items()}
-        return StepLogits(sample_logits.float(), prompt_logits)
+        pooled = {}
+        for i, (a, b) in layout.pool_ranges.items():
+            s = scheduled[i]
+            req = s.request  # a chunk from position 0 (first, or after preemption) restarts
+            prev = req.pooled if req.num_computed_tokens > 0 else None
+            part = pool_chunk(hidden[a:b], req.pooling, s.completes, prev)
+            if part is not None:
+                pooled[i] = part
+        return StepLogits(sample_logits.float(), prompt_logits, pooled)
 
 
 @dataclass(slots=True)
@@ -94,6 +109,8 @@ class StepLayout:
     # Scheduled index -> flat rows [start, end) of a chunk whose prompt logprobs are kept.
     prompt_ranges: dict[int, tuple[int, int]]
     row_loras: list[int]  # [T] each row's LoRA adapter id (0: base model)
+    # Scheduled index -> flat rows [start, end) of an embedding request's chunk.
+    pool_ranges: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
 def layout_step(scheduled: list[ScheduledRequest]) -> StepLayout:
@@ -118,11 +135,13 @@ def layout_step(scheduled: list[ScheduledRequest]) -> StepLayout:
         row_loras.extend([loras[i]] * s.num_new_tokens)
         seqs.append(SeqSpec(start, s.num_new_tokens, req.block_table))
         end[i] = len(flat_ids)
-    sample_rows = [r for i, s in enumerate(scheduled) if s.completes
+    sample_rows = [r for i, s in enumerate(scheduled) if s.samples
                    for r in range(end[i] - 1 - len(s.spec_token_ids), end[i])]
     prompt_ranges = {
         i: (end[i] - s.num_new_tokens, end[i]) for i, s in enumerate(scheduled)
         if s.request.records_prompt_logprobs
         and s.request.num_computed_tokens < s.request.num_prompt_tokens
     }
-    return StepLayout(flat_ids, seqs, sample_rows, prompt_ranges, row_loras)
+    pool_ranges = {i: (end[i] - s.num_new_tokens, end[i]) for i, s in enumerate(scheduled)
+                   if s.request.pooling is not None}
+    return StepLayout(flat_ids, seqs, sample_rows, prompt_ranges, row_loras, pool_ranges)

@@ -23,7 +23,14 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from roseinfer.engine.async_engine import AsyncEngine
-from roseinfer.server import routes_chat, routes_lora, routes_misc, routes_openai, routes_ui
+from roseinfer.server import (
+    routes_chat,
+    routes_embeddings,
+    routes_lora,
+    routes_misc,
+    routes_openai,
+    routes_ui,
+)
 from roseinfer.server.anthropic import routes as anthropic_routes
 from roseinfer.server.anthropic.errors import shaped_for
 from roseinfer.server.early_answer import answer, drain, header, reject
@@ -161,6 +168,7 @@ def create_app(async_engine: AsyncEngine, settings: ServerSettings | None = None
     install_error_handlers(app)
     app.include_router(routes_chat.router)
     app.include_router(routes_openai.router)
+    app.include_router(routes_embeddings.router)
     app.include_router(routes_responses.router)
     app.include_router(routes_misc.router)
     app.include_router(anthropic_routes.router)

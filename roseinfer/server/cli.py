@@ -21,6 +21,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from roseinfer.cli_args import add_engine_args, engine_config_from_args
+from roseinfer.pooling_params import PoolingParams
 from roseinfer.server.api_key import resolve_api_key
 from roseinfer.server.startup import DEFAULT_MODEL_NAME, default_model_name, warmup
 
@@ -74,6 +75,13 @@ def register(subparsers: Any) -> None:
                         "when the schema does not forbid them (default: only declared keys)")
     g.add_argument("--responses-store-size", type=int, default=256,
                    help="Responses API responses kept for previous_response_id (0: none)")
+    g.add_argument("--embedding-pooling", choices=("mean", "last"), default="mean",
+                   help="/v1/embeddings: pool the final hidden states of every prompt "
+                        "position (mean) or take the last position's (last)")
+    g.add_argument("--no-embedding-normalize", dest="embedding_normalize",
+                   action="store_false", default=True,
+                   help="/v1/embeddings: return the pooled vectors as they are "
+                        "(default: L2-normalized)")
     g.add_argument("--graceful-timeout", type=int, default=30,
                    help="seconds in-flight requests may take to finish on SIGTERM")
     g.add_argument("--log-stats-interval", type=float, default=10.0,
@@ -198,7 +206,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                               max_body_bytes=args.max_body_bytes, ui=args.ui, access=access,
                               stream_stall_timeout_s=args.stream_stall_timeout,
                               strict_tool_arguments=args.strict_tool_arguments,
-                              responses_store_size=args.responses_store_size)
+                              responses_store_size=args.responses_store_size,
+                              embedding_pooling=PoolingParams(args.embedding_pooling,
+                                                              args.embedding_normalize))
     logger.info("serving %s at http://%s:%d/v1 (API key %s)", ", ".join(names), args.host,
                 args.port, "required" if args.api_key else "not required")
     if args.ui:

@@ -26,6 +26,7 @@ from roseinfer.engine.request_stream import (
 )
 from roseinfer.engine.validation import InvalidRequestError, RequestValidator
 from roseinfer.outputs import RequestOutput
+from roseinfer.pooling_params import PoolingParams
 from roseinfer.sampling_params import SamplingParams
 from roseinfer.server.access import AccessSettings
 from roseinfer.server.errors import APIError, bad_request
@@ -51,6 +52,8 @@ class ServerSettings:
     # stored Responses API responses (previous_response_id): how many, and their JSON bytes
     responses_store_size: int = 256
     responses_store_bytes: int = 64 << 20
+    # /v1/embeddings: how hidden states are pooled (--embedding-pooling, --no-embedding-normalize)
+    embedding_pooling: PoolingParams = PoolingParams()
 
     def __post_init__(self) -> None:
         if not self.served_model_names:
