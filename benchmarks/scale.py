@@ -6,7 +6,9 @@ Per model file, each measurement in a fresh process (``--worker``):
   caches written, if the path uses them), then a warm start with the same directory;
 * RSS after the warm start (psutil) and the peak of the process (VmHWM);
 * decode tok/s at batch 1 and 16 (32-token prompts, pure-decode steps timed), prefill
-  tok/s of one 512-token prompt (``roseinfer.bench.throughput.run_engine_once``).
+  tok/s of one 512-token prompt (``roseinfer.bench.throughput.run_engine_once``);
+  ``b1cpu`` / ``b16cpu``: decode tokens per second of process CPU time (16 steps; with
+  ``--threads 1`` the work itself, steady when other jobs share the cores).
 
 ``--baseline /work/main`` runs the same worker on another checkout's code (its
 ``roseinfer`` on PYTHONPATH: today's dequantize-and-convert loader) on the same files.
@@ -32,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-MEASURES = ("b1", "b16", "prefill")
+MEASURES = ("b1", "b16", "prefill", "b1cpu", "b16cpu")
 _GB = 1e9
 
 
@@ -64,11 +66,38 @@ def worker(path: str, measures: list[str], threads: int, kv_gb: float) -> dict[s
 
     vocab = engine.model_config.vocab_size
     for name in measures:
+        if name.endswith("cpu"):
+            out[name] = decode_cpu_tok_s(engine, 16 if name == "b16cpu" else 1, vocab)
+            continue
         batch, prompt, gen = {"b1": (1, 32, 12), "b16": (16, 32, 8), "prefill": (1, 512, 1)}[name]
         res = run_engine_once(engine, random_prompts(batch, prompt, vocab, seed=1), gen)
         out[name] = res.prefill_tok_s if name == "prefill" else res.decode_tok_s
     out["rss_after_run_gb"] = psutil.Process().memory_info().rss / _GB
     return out
+
+
+def decode_cpu_tok_s(engine: Any, batch: int, vocab: int, steps: int = 16) -> float:
+    """Decode tokens per second of this process's CPU time over ``steps`` pure-decode
+    steps of ``batch`` 32-token prompts (prefill steps not counted)."""
+    from roseinfer.bench.throughput import random_prompts
+    from roseinfer.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=steps + 1, ignore_eos=True)
+    for p in random_prompts(batch, 32, vocab, seed=1):
+        engine.add_request(engine.next_request_id(), p, params)
+    cpu, tokens = 0.0, 0
+    for _ in range(10 * (steps + 32)):  # bounded: prefill chunks, then the decode steps
+        if not engine.has_unfinished_requests():
+            break
+        sched = engine.scheduler
+        prefill = any(r.num_computed_tokens < r.num_prompt_tokens
+                      for r in sched.running + list(sched.waiting))
+        t0 = time.process_time()
+        outs = engine.step()
+        if not prefill:
+            cpu += time.process_time() - t0
+            tokens += sum(len(c.delta_token_ids) for o in outs for c in o.outputs)
+    return tokens / cpu if cpu else 0.0
 
 
 def run_worker(path: Path, code: Path, cache: Path, args: argparse.Namespace,
@@ -121,8 +150,8 @@ def _fmt(value: Any, digits: int = 2) -> str:
 
 def table(results: list[dict[str, Any]]) -> str:
     lines = ["| file | GB | code | first start s | warm start s | RSS GB | peak GB | "
-             "decode b1 tok/s | decode b16 tok/s | prefill 512 tok/s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "decode b1 tok/s | decode b16 tok/s | prefill 512 tok/s | b1 / b16 tok/s of CPU |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         for label in ("ours", "baseline", "llama.cpp"):
             m = r.get(label)
@@ -130,13 +159,13 @@ def table(results: list[dict[str, Any]]) -> str:
                 continue
             if "error" in m:
                 lines.append(f"| {r['file']} | {r['size_gb']:.2f} | {label} | error: "
-                             f"{m['error'][0][:60]} | | | | | | |")
+                             f"{m['error'][0][:60]} | | | | | | | |")
                 continue
             lines.append(
                 f"| {r['file']} | {r['size_gb']:.2f} | {label} | {_fmt(m.get('first_start_s'), 1)}"
                 f" | {_fmt(m.get('start_s'), 1)} | {_fmt(m.get('rss_gb'))} | "
                 f"{_fmt(m.get('peak_gb'))} | {_fmt(m.get('b1'))} | {_fmt(m.get('b16'))} | "
-                f"{_fmt(m.get('prefill'), 1)} |")
+                f"{_fmt(m.get('prefill'), 1)} | {_fmt(m.get('b1cpu'))} / {_fmt(m.get('b16cpu'))} |")
     return "\n".join(lines)
 
 

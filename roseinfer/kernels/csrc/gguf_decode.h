@@ -1,9 +1,11 @@
 // Per-format block decoders of the GGUF GEMM (gguf_gemm.h): one 32-block of a packed
-// panel (gguf_formats.h) -> its 16 columns' integers v = q - offset as int8 in the order
-// the int16 GEMM reads them (byte (k/2) * 32 + 2c + k%2) and their fp32 scales D0 / D1
-// and minimum terms M (decode_avx2: only 5-bit values are decoded; the others' qp points
-// at the panel, widened in registers by gguf_tiles.h).  decode_scalar and decode_avx2 give the same bytes and floats
-// (integer bit moves; D = d * sc and M = -(dmin * mn) as the same fp32 products).
+// panel (gguf_formats.h) -> its 16 columns' integers v = q - offset in the order the
+// int16 GEMM reads them (step k/2, then 2c + k%2) and their fp32 scales D0 / D1 and
+// minimum terms M.  decode_scalar: int8 values; decode_avx2: int16 values (5-bit
+// formats always, Q6_K with `wide`: steps of more than one row tile), else qp points at
+// the panel's bytes, widened in registers by gguf_tiles.h.  Both give the same integers
+// and floats (integer bit moves; D = d * sc and M = -(dmin * mn) as the same fp32
+// products).
 #pragma once
 
 #include <utility>
@@ -13,10 +15,12 @@
 namespace roseinfer {
 
 struct alignas(64) DBlock {
-  int8_t q[512];  // the integers (unused by Q8_0, whose qp points at its panel)
+  int16_t w[512];  // the integers widened to int16 (decode_avx2 with wide, and 5-bit formats)
+  int8_t q[512];   // the integers (decode_scalar; unused by Q8_0, whose qp points at its panel)
   float d0[16], d1[16], m[16];
-  // The integers the GEMM reads: q or Q8_0's panel; decode_avx2 of a 4- or 6-bit format:
-  // the panel's nibbles / Q6_K words (gguf_tiles.h widens them in registers).
+  // The integers the GEMM reads: q or Q8_0's panel (decode_scalar); decode_avx2: w, or
+  // without wide the panel's bytes of a 4-, 6- or 8-bit format (gguf_tiles.h widens them
+  // in registers).
   const uint8_t* qp = nullptr;
 };
 
@@ -48,29 +52,55 @@ inline __m256i shift16(__m256i v) {
   else return v;
 }
 
-// Steps 2T, 2T+1 of a 5-bit block (the nibbles and high bits at nib / hi, a panel's
-// layout) minus OFF into out (the GEMM's int8 order).
-template <int BITS, int OFF, int T>
-inline void decode_pair(const uint8_t* nib, const uint8_t* hi, int8_t* out) {
-  const __m256i low4 = _mm256_set1_epi8(15);
-  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(nib + 32 * T));
-  __m256i w[2] = {_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_srli_epi16(v, 4), low4)};
-  static_assert(BITS == 5, "6-bit values are widened in registers (gguf_tiles.h)");
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi + 32 * (2 * T / 8)));
-  constexpr int u0 = (2 * T) % 8;  // 8 steps per 32 bytes of high bits
-  const __m256i bit4 = _mm256_set1_epi8(0x10);
-  w[0] = _mm256_or_si256(w[0], _mm256_and_si256(shift16<4 - u0>(h), bit4));
-  w[1] = _mm256_or_si256(w[1], _mm256_and_si256(shift16<3 - u0>(h), bit4));
-  for (int i = 0; i < 2; ++i) {
-    if constexpr (OFF != 0) w[i] = _mm256_sub_epi8(w[i], _mm256_set1_epi8(static_cast<char>(OFF)));
-    _mm256_store_si256(reinterpret_cast<__m256i*>(out + 64 * T + 32 * i), w[i]);
-  }
+// 32 int8 values (one step of the GEMM's order) -> 32 int16 at out.
+inline void store_i16(__m256i v8, int16_t* out) {
+  _mm256_store_si256(reinterpret_cast<__m256i*>(out), _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v8)));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(out + 16), _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v8, 1)));
 }
 
-template <int BITS, int OFF, int... T>
-inline void decode_pairs(const uint8_t* nib, const uint8_t* hi, int8_t* out,
-                         std::integer_sequence<int, T...>) {
-  (decode_pair<BITS, OFF, T>(nib, hi, out), ...);
+// The 16 steps of one 32-block as int16 v = q - OFF in the GEMM's order (out: 32 values
+// per step), from a panel's integers at q (gguf_formats.h; 5 bits: high bits at hi).
+template <int BITS, int OFF>
+inline void decode_i16(const uint8_t* q, const uint8_t* hi, int16_t* out) {
+  if constexpr (BITS == 8) {
+    for (int s = 0; s < 16; ++s) store_i16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * s)), out + 32 * s);
+  } else if constexpr (BITS == 4 || BITS == 5) {
+    const __m256i low4 = _mm256_set1_epi8(15), off = _mm256_set1_epi8(static_cast<char>(OFF));
+    for (int t = 0; t < 8; ++t) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * t));
+      __m256i w[2] = {_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_srli_epi16(v, 4), low4)};
+      if constexpr (BITS == 5) {  // bit u of hi byte 32g + b: bit 4 of step 8g + u
+        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi + 32 * (t / 4)));
+        const int u = (2 * t) % 8;
+        const __m256i bit4 = _mm256_set1_epi8(0x10);
+        const __m256i h0 = u <= 4 ? _mm256_slli_epi16(h, 4 - u) : _mm256_srli_epi16(h, u - 4);
+        const __m256i h1 = u <= 3 ? _mm256_slli_epi16(h, 3 - u) : _mm256_srli_epi16(h, u - 3);
+        w[0] = _mm256_or_si256(w[0], _mm256_and_si256(h0, bit4));
+        w[1] = _mm256_or_si256(w[1], _mm256_and_si256(h1, bit4));
+      }
+      for (int i = 0; i < 2; ++i) store_i16(_mm256_sub_epi8(w[i], off), out + 32 * (2 * t + i));
+    }
+  } else {
+    static_assert(BITS == 6, "8, 4, 5 or 6 bits");
+    // Per 16-value half h and 8-column half P: three words per lane (gguf_formats.h).
+    const __m256i m63 = _mm256_set1_epi16(63), m15 = _mm256_set1_epi16(15), m48 = _mm256_set1_epi16(48);
+    const __m256i off = _mm256_set1_epi16(OFF);
+    for (int h = 0; h < 2; ++h)
+      for (int P = 0; P < 2; ++P) {
+        const uint8_t* base = q + 192 * h + 96 * P;
+        const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base));
+        const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + 32));
+        const __m256i w2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + 64));
+        const __m256i v[8] = {
+            _mm256_and_si256(w0, m63), _mm256_srli_epi16(w0, 10),
+            _mm256_and_si256(w1, m63), _mm256_srli_epi16(w1, 10),
+            _mm256_and_si256(w2, m63), _mm256_srli_epi16(w2, 10),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w0, 6), m15), _mm256_and_si256(_mm256_srli_epi16(w2, 2), m48)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w1, 6), m15), _mm256_and_si256(_mm256_srli_epi16(w2, 4), m48))};
+        for (int t = 0; t < 8; ++t)
+          _mm256_store_si256(reinterpret_cast<__m256i*>(out + 32 * (8 * h + t) + 16 * P), _mm256_sub_epi16(v[t], off));
+      }
+  }
 }
 
 // 16 fp16 values -> two vectors of 8 fp32.
@@ -91,18 +121,16 @@ inline void scale16(const float* d, __m128i v, float* out, bool negate = false) 
   _mm256_storeu_ps(out + 8, _mm256_xor_ps(sign, _mm256_mul_ps(_mm256_loadu_ps(d + 8), _mm256_cvtepi32_ps(hi))));
 }
 
+// wide: every format's integers decoded to int16 (o.w) for tiles that read them as
+// they are; else 4-, 6- and 8-bit values stay in the panel (widened in registers).
 template <class F>
-inline void decode_avx2(const uint8_t* psb, int jj, DBlock& o) {
-  if constexpr (F::BITS == 8) {
-    o.qp = psb + jj * 512;
-  } else if constexpr (F::BITS == 4) {
-    o.qp = psb + jj * 256;
-  } else if constexpr (F::BITS == 6) {
-    o.qp = psb + jj * 384;
+inline void decode_avx2(const uint8_t* psb, int jj, DBlock& o, bool wide) {
+  constexpr int64_t kIntBytes = F::BITS == 8 ? 512 : F::BITS == 6 ? 384 : 256;
+  if (wide || F::BITS == 5) {
+    decode_i16<F::BITS, F::OFFSET>(psb + jj * kIntBytes, psb + F::Ints::kNib + jj * F::Ints::kHiPer, o.w);
+    o.qp = reinterpret_cast<const uint8_t*>(o.w);
   } else {
-    const uint8_t* hi = psb + F::Ints::kNib + jj * F::Ints::kHiPer;
-    decode_pairs<F::BITS, F::OFFSET>(psb + jj * 256, hi, o.q, std::make_integer_sequence<int, 8>{});
-    o.qp = reinterpret_cast<const uint8_t*>(o.q);
+    o.qp = psb + jj * kIntBytes;
   }
   const uint8_t* sp = psb + F::kScaleOff;
   if constexpr (F::kType == kQ4_K || F::kType == kQ5_K) {

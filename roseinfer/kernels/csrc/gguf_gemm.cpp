@@ -88,55 +88,113 @@ inline void scale_min_add(float* acc, const __m256i (&a)[MR][2], const float* dx
   }
 }
 
-// Rows [0, MR) (xq rows of stride K) x decoded blocks [j0, j0 + nb) into acc [MR][16].
-// Q6_K: per 16-value half the dots with the unsigned q, minus so (32 * the half's
-// activation sum: exactly the dots with q - 32), then scaled.
+// One row tile's share of a decoded group: rows [0, MR) of xq (stride K), dx, sx (stride
+// K/32) and so (stride K/16) x decoded blocks [j0, j0 + nb) into acc [MR][16].  wide:
+// the blocks' integers are int16 (decode_avx2).  pf: bytes to prefetch, pf_step per
+// block (the first tile of a group streams the next group's bytes in).
+struct TileArgs {
+  const int16_t* xq;
+  const float *dx, *sx;
+  const int32_t* so;
+  int64_t K;
+  const DBlock* blk;
+  int64_t j0, nb;
+  float* acc;
+  bool wide;
+  const uint8_t* pf;
+  int64_t pf_step;
+};
+
+inline void prefetch_share(const uint8_t* pf, int64_t step, int64_t b) {
+  if (!pf) return;
+  for (int64_t i = b * step; i < (b + 1) * step; i += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(pf + i), _MM_HINT_T0);
+}
+
+// Q6_K: per 16-value half, the dots with q - 32 (wide: decoded as such; else the dots
+// with the unsigned q minus so, 32 * the half's activation sum: the same integers), then
+// scaled.
+// acc[m] += float(a[m][h]) * (dx * d) for the 16 columns (h: one 16-value half).
 template <int MR>
-void tile_q6k(const int16_t* xq, const float* dx, const int32_t* so, int64_t K,
-              const DBlock* blk, int64_t j0, int64_t nb, float* acc) {
-  const int64_t KB = K / 32, KH = K / 16;
+inline void q6k_scale(float* acc, const __m256i (&a)[MR][2], const float* dx, int64_t KB,
+                      int64_t j, const float* d) {
+  const __m256 d0 = _mm256_loadu_ps(d), d1 = _mm256_loadu_ps(d + 8);
+  for (int m = 0; m < MR; ++m) {
+    const __m256 sc = _mm256_set1_ps(dx[m * KB + j]);
+    float* ar = acc + m * 16;
+    const __m256 i0 = _mm256_cvtepi32_ps(a[m][0]), i1 = _mm256_cvtepi32_ps(a[m][1]);
+    _mm256_store_ps(ar, _mm256_fmadd_ps(i0, _mm256_mul_ps(sc, d0), _mm256_load_ps(ar)));
+    _mm256_store_ps(ar + 8, _mm256_fmadd_ps(i1, _mm256_mul_ps(sc, d1), _mm256_load_ps(ar + 8)));
+  }
+}
+
+// Q6_K: per 16-value half, the dots with q - 32 (wide: decoded as such; else the dots
+// with the unsigned q minus so, 32 * the half's activation sum: the same integers), then
+// scaled.
+template <int MR>
+void tile_q6k(const TileArgs& t) {
+  // Locals, not t's fields: the asm's memory clobber would reload those every block.
+  const int16_t* const xq = t.xq;
+  const float* const dx = t.dx;
+  const int32_t* const so = t.so;
+  const int64_t K = t.K, KB = K / 32, KH = K / 16, j0 = t.j0, nb = t.nb;
+  const DBlock* const blk = t.blk;
+  float* const acc = t.acc;
+  const bool wide = t.wide;
+  const uint8_t* const pf = t.pf;
+  const int64_t pf_step = t.pf_step;
   for (int64_t b = 0; b < nb; ++b) {
+    prefetch_share(pf, pf_step, b);
     const int64_t j = j0 + b;
     const DBlock& o = blk[b];
     for (int h = 0; h < 2; ++h) {
       const int16_t* xr[MR];
       for (int m = 0; m < MR; ++m) xr[m] = xq + m * K + j * 32 + 16 * h;
       __m256i a[MR][2];
-      q6k_half<MR>(xr, o.qp + 192 * h, a);
-      const float* d = h ? o.d1 : o.d0;
-      const __m256 d0 = _mm256_loadu_ps(d), d1 = _mm256_loadu_ps(d + 8);
-      for (int m = 0; m < MR; ++m) {
-        const __m256i off = _mm256_set1_epi32(so[m * KH + 2 * j + h]);
-        const __m256 sc = _mm256_set1_ps(dx[m * KB + j]);
-        float* ar = acc + m * 16;
-        const __m256 i0 = _mm256_cvtepi32_ps(_mm256_sub_epi32(a[m][0], off));
-        const __m256 i1 = _mm256_cvtepi32_ps(_mm256_sub_epi32(a[m][1], off));
-        _mm256_store_ps(ar, _mm256_fmadd_ps(i0, _mm256_mul_ps(sc, d0), _mm256_load_ps(ar)));
-        _mm256_store_ps(ar + 8, _mm256_fmadd_ps(i1, _mm256_mul_ps(sc, d1), _mm256_load_ps(ar + 8)));
+      if (wide) {
+        steps_int<MR, 8, Head::I16>(xr, o.qp + 512 * h, a);
+      } else {
+        q6k_half<MR>(xr, o.qp + 192 * h, a);
+        for (int m = 0; m < MR; ++m) {
+          const __m256i off = _mm256_set1_epi32(so[m * KH + 2 * j + h]);
+          a[m][0] = _mm256_sub_epi32(a[m][0], off);
+          a[m][1] = _mm256_sub_epi32(a[m][1], off);
+        }
       }
+      q6k_scale<MR>(acc, a, dx, KB, j, h ? o.d1 : o.d0);
     }
   }
 }
 
 template <class F, int MR>
-void tile_blocks(const int16_t* xq, const float* dx, const float* sx, const int32_t* so,
-                 int64_t K, const DBlock* blk, int64_t j0, int64_t nb, float* acc) {
+void tile_blocks(const TileArgs& t) {
   if constexpr (F::BITS == 6) {
-    tile_q6k<MR>(xq, dx, so, K, blk, j0, nb, acc);
+    tile_q6k<MR>(t);
   } else {
-    const int64_t KB = K / 32;
+    const int64_t KB = t.K / 32;
     static_assert(F::HALVES == 1, "two scales per 32-block: Q6_K only");
-    // Q8_0 and the 4-bit formats read their packed weights, 5-bit ones decoded blocks.
-    constexpr Head kHead = F::BITS == 8   ? Head::I8_PF
+    // wide and 5-bit formats: decoded int16 blocks; else Q8_0 and the 4-bit formats
+    // read their packed weights.
+    constexpr Head kHead = F::BITS == 8   ? Head::I8
                            : F::BITS == 4 ? (F::OFFSET == 8 ? Head::NIB_OFF8 : Head::NIB)
-                                          : Head::I8;
+                                          : Head::I16;
+    const int16_t* const xq = t.xq;  // locals: see tile_q6k
+    const float *const dx = t.dx, *const sx = t.sx;
+    const int64_t K = t.K, j0 = t.j0, nb = t.nb;
+    const DBlock* const blk = t.blk;
+    float* const acc = t.acc;
+    const bool wide = t.wide;
+    const uint8_t* const pf = t.pf;
+    const int64_t pf_step = t.pf_step;
     for (int64_t b = 0; b < nb; ++b) {
+      prefetch_share(pf, pf_step, b);
       const int64_t j = j0 + b;
       const DBlock& o = blk[b];
       const int16_t* xr[MR];
       for (int m = 0; m < MR; ++m) xr[m] = xq + m * K + j * 32;
       __m256i a[MR][2];
-      steps_int<MR, 16, kHead>(xr, o.qp, a);
+      if (wide) steps_int<MR, 16, Head::I16>(xr, o.qp, a);
+      else steps_int<MR, 16, kHead>(xr, o.qp, a);
       if constexpr (F::kMin) scale_min_add<MR>(acc, a, dx, sx, KB, j, o.d0, o.m);
       else scale_add<MR>(acc, a, dx, KB, j, o.d0);
     }
@@ -144,15 +202,13 @@ void tile_blocks(const int16_t* xq, const float* dx, const float* sx, const int3
 }
 
 template <class F>
-void tile_rows(int64_t mr, const int16_t* xq, const float* dx, const float* sx,
-               const int32_t* so, int64_t K, const DBlock* blk, int64_t j0, int64_t nb,
-               float* acc) {
+void tile_rows(int64_t mr, const TileArgs& t) {
   switch (mr) {
-    case 1: tile_blocks<F, 1>(xq, dx, sx, so, K, blk, j0, nb, acc); break;
-    case 2: tile_blocks<F, 2>(xq, dx, sx, so, K, blk, j0, nb, acc); break;
-    case 3: tile_blocks<F, 3>(xq, dx, sx, so, K, blk, j0, nb, acc); break;
-    case 4: tile_blocks<F, 4>(xq, dx, sx, so, K, blk, j0, nb, acc); break;
-    default: tile_blocks<F, 5>(xq, dx, sx, so, K, blk, j0, nb, acc); break;
+    case 1: tile_blocks<F, 1>(t); break;
+    case 2: tile_blocks<F, 2>(t); break;
+    case 3: tile_blocks<F, 3>(t); break;
+    case 4: tile_blocks<F, 4>(t); break;
+    default: tile_blocks<F, 5>(t); break;
   }
 }
 
@@ -165,6 +221,7 @@ void panels_avx2(const GgufPanels& g, const int16_t* xq, const float* dx, const 
                  float* y, int64_t ldy) {
   const int64_t K = g.K, KB = K / 32, BPS = F::E / 32;
   constexpr int64_t kGroup = 8;  // 32-blocks per decoded group (K % 256 == 0 for K-quants)
+  constexpr int64_t kGroupBytes = kGroup / (F::E / 32) * F::kPanel;
   DBlock* blk = decode_buffer(kGroup);
   const int64_t mc = std::max<int64_t>(8, (int64_t(1) << 17) / K);
   thread_local std::vector<float> acc_buf;
@@ -174,6 +231,9 @@ void panels_avx2(const GgufPanels& g, const int16_t* xq, const float* dx, const 
   const int64_t panel_bytes = K / F::E * F::kPanel;
   for (int64_t c0 = 0; c0 < M; c0 += mc) {
     const int64_t c1 = std::min(M, c0 + mc);
+    // More than one row tile: decode the integers to int16 once for all of them (the
+    // same integers as widening them in registers per tile).
+    const bool wide = F::BITS == 6 && c1 - c0 > kMaxSmallRows;
     for (int64_t p = p0; p < p1; ++p) {
       const uint8_t* panel = base + p * panel_bytes;
       const int64_t n0 = p * 16, nc = std::min<int64_t>(16, g.N - n0);
@@ -181,13 +241,17 @@ void panels_avx2(const GgufPanels& g, const int16_t* xq, const float* dx, const 
       for (int64_t j0 = 0; j0 < KB; j0 += kGroup) {
         const int64_t nb = std::min(kGroup, KB - j0);
         for (int64_t b = 0; b < nb; ++b) {
-          const int64_t j = j0 + b, jn = j + kGroup;  // the next group's scales: prefetch
-          if (jn < KB) _mm_prefetch(reinterpret_cast<const char*>(panel + (jn / BPS) * F::kPanel + F::kScaleOff), _MM_HINT_T0);
-          decode_avx2<F>(panel + (j / BPS) * F::kPanel, static_cast<int>(j % BPS), blk[b]);
+          const int64_t j = j0 + b;
+          decode_avx2<F>(panel + (j / BPS) * F::kPanel, static_cast<int>(j % BPS), blk[b], wide);
         }
+        // The next group's bytes (the next panel's after the last group), spread over
+        // the first tile's blocks.
+        const uint8_t* next = panel + (j0 / BPS) * F::kPanel + kGroupBytes;
         for_row_tiles(c0, c1, kMaxSmallRows, [&](int64_t m, int64_t mr) {
-          tile_rows<F>(mr, xq + m * K, dx + m * KB, sx + m * KB, so ? so + m * (K / 16) : nullptr,
-                       K, blk, j0, nb, acc + (m - c0) * 16);
+          const TileArgs t{xq + m * K, dx + m * KB, sx + m * KB, so ? so + m * (K / 16) : nullptr,
+                           K, blk, j0, nb, acc + (m - c0) * 16, wide, m == c0 ? next : nullptr,
+                           (kGroupBytes / nb + 63) / 64 * 64};
+          tile_rows<F>(mr, t);
         });
       }
       store_tile(acc, c1 - c0, n0, nc, bias, y + c0 * ldy, ldy);

@@ -2,10 +2,10 @@
 // columns, two steps per iteration, in inline asm (GCC spills the accumulators of an
 // intrinsics version).  Per step the 16 columns' values, as int16 pairs, meet each row's
 // broadcast k-pair of int16 activations in vpmaddwd (exact int32 sums, as the int8
-// format's loop, q8_gemm.cpp).  Heads: int8 values in the GEMM's order (decoded blocks,
-// or Q8_0's packed ones, prefetched) or 4-bit values straight from a packed panel
+// format's loop, q8_gemm.cpp).  Heads: int16 values of decoded blocks (gguf_decode.h),
+// Q8_0's packed int8 values, or 4-bit values straight from a packed panel
 // (gguf_formats.h: byte i of a 32-byte group holds byte i of two steps), widened and
-// split in registers (Q4_0: minus 8).
+// split in registers (Q4_0: minus 8).  The caller prefetches (gguf_gemm.cpp).
 #pragma once
 
 #include "common.h"
@@ -13,13 +13,16 @@
 namespace roseinfer {
 
 #ifdef ROSEINFER_AVX2
-enum class Head { I8, I8_PF, NIB, NIB_OFF8 };
+enum class Head { I8, NIB, NIB_OFF8, I16 };
 
-#define GG_H8(PF)                                                                         \
-  "1:\n\t" PF "vpmovsxbw (%[w]), %%ymm12\n\tvpmovsxbw 16(%[w]), %%ymm13\n\t"              \
+#define GG_H8                                                                             \
+  "1:\n\tvpmovsxbw (%[w]), %%ymm12\n\tvpmovsxbw 16(%[w]), %%ymm13\n\t"              \
   "vpmovsxbw 32(%[w]), %%ymm10\n\tvpmovsxbw 48(%[w]), %%ymm11\n\t"
+#define GG_H16                                                                            \
+  "1:\n\tvmovdqa (%[w]), %%ymm12\n\tvmovdqa 32(%[w]), %%ymm13\n\t"                          \
+  "vmovdqa 64(%[w]), %%ymm10\n\tvmovdqa 96(%[w]), %%ymm11\n\t"
 #define GG_H4(OFF)                                                                        \
-  "1:\n\tprefetcht0 1024(%[w])\n\tvpmovzxbw (%[w]), %%ymm12\n\tvpmovzxbw 16(%[w]), %%ymm13\n\t" \
+  "1:\n\tvpmovzxbw (%[w]), %%ymm12\n\tvpmovzxbw 16(%[w]), %%ymm13\n\t" \
   "vpsrlw $4, %%ymm12, %%ymm10\n\tvpsrlw $4, %%ymm13, %%ymm11\n\t"                        \
   "vpand (%[c]), %%ymm12, %%ymm12\n\tvpand (%[c]), %%ymm13, %%ymm13\n\t" OFF
 #define GG_OFF8                                                                           \
@@ -74,28 +77,28 @@ inline void steps_int(const int16_t* const* xr, const uint8_t* q, __m256i (&a)[M
                                                   8, 8, 8, 8, 8, 8, 8, 8};  // masks, offsets
   const int16_t* consts = kConsts;
   for (int m = 0; m < MR; ++m) a[m][0] = a[m][1] = _mm256_setzero_si256();
-#define GG_B8(ROWS) GG_H8("") ROWS GG_TAIL("64", END)
-#define GG_B8PF(ROWS) GG_H8("prefetcht0 2048(%[w])\n\t") ROWS GG_TAIL("64", END)
+#define GG_B16(ROWS) GG_H16 ROWS GG_TAIL("128", END)
+#define GG_B8(ROWS) GG_H8 ROWS GG_TAIL("64", END)
 #define GG_B4(ROWS) GG_H4("") ROWS GG_TAIL("32", END)
 #define GG_B4O(ROWS) GG_H4(GG_OFF8) ROWS GG_TAIL("32", END)
   if constexpr (STEPS == 16) {
 #define END "64"
-    if constexpr (H == Head::I8) { GG_ASM(GG_B8) }
-    else if constexpr (H == Head::I8_PF) { GG_ASM(GG_B8PF) }
+    if constexpr (H == Head::I16) { GG_ASM(GG_B16) }
+    else if constexpr (H == Head::I8) { GG_ASM(GG_B8) }
     else if constexpr (H == Head::NIB) { GG_ASM(GG_B4) }
     else { GG_ASM(GG_B4O) }
 #undef END
   } else {
     static_assert(STEPS == 8, "8 or 16 steps");
 #define END "32"
-    if constexpr (H == Head::I8) { GG_ASM(GG_B8) }
-    else if constexpr (H == Head::I8_PF) { GG_ASM(GG_B8PF) }
+    if constexpr (H == Head::I16) { GG_ASM(GG_B16) }
+    else if constexpr (H == Head::I8) { GG_ASM(GG_B8) }
     else if constexpr (H == Head::NIB) { GG_ASM(GG_B4) }
     else { GG_ASM(GG_B4O) }
 #undef END
   }
+#undef GG_B16
 #undef GG_B8
-#undef GG_B8PF
 #undef GG_B4
 #undef GG_B4O
 }
@@ -113,7 +116,6 @@ inline void steps_int(const int16_t* const* xr, const uint8_t* q, __m256i (&a)[M
   "vpsrlw $" SH ", %%ymm14, %%ymm14\n\tvpand 64(%[c]), %%ymm14, %%ymm14\n\t"                \
   "vpor %%ymm14, %%ymm" R ", %%ymm" R "\n\t"
 #define Q6_BODY(ROWS)                                                                     \
-  "prefetcht0 1536(%[w])\n\tprefetcht0 1600(%[w])\n\tprefetcht0 1664(%[w])\n\t"             \
   "1:\n\t" Q6_LO("0", "12") Q6_LO("96", "13") Q6_HI("0", "10") Q6_HI("96", "11") ROWS         \
   "add $32, %[w]\n\tadd $8, %[s]\n\tcmp $24, %[s]\n\tjne 1b\n\t"                               \
   Q6_MID("-96", "-32", "2", "12") Q6_MID("0", "64", "2", "13")                                \

@@ -2,7 +2,8 @@
 // x[M, K] W^T + b with panels [N/16][K][16]; per output element one fp32 FMA chain over
 // k = 0..K-1 (from 0), y = acc + b.  That sequence is the same for every M, row
 // position, tile shape and thread count (docs/CONTRACTS.md, batch invariance): tiles
-// only share the widened weights between rows (up to 6 rows x 16 columns).
+// only share the widened weights between rows (up to 6 rows x 16 columns; one or two
+// rows take 4 / 2 panels at once for more independent chains).
 // A bf16 weight (a GGUF's BF16 tensor) keeps bf16 panels, widened exactly to fp32.
 // (The int8 format has its own kernel: q8_gemm.h.)
 #pragma once
