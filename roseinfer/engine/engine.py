@@ -48,6 +48,7 @@ from roseinfer.engine.spec_decode import SpecDecoding
 from roseinfer.engine.stats import EngineStats
 from roseinfer.engine.step_sampler import StepSampler
 from roseinfer.engine.structured import GrammarCompiler, StructuredDecoding
+from roseinfer.engine.text_delta import text_delta
 from roseinfer.engine.validation import InvalidRequestError, RequestValidator
 from roseinfer.kvcache.tier import open_disk_tier
 from roseinfer.lora.admission import LoRAAdmission, check_lora_request
@@ -377,7 +378,8 @@ class LLMEngine:
             index = group.children.index(req) if len(group.children) > 1 else 0
             sent = group.sent[index]
             try:
-                delta = self._detokenize(req, group.detoks[index], sent)
+                delta = text_delta(req, group.detoks[index], sent,
+                                   self.scheduler.finish_request)
             except Exception as exc:  # noqa: BLE001 - this request alone fails
                 late_failures[req] = f"detokenizing failed: {describe(exc)}"
                 delta = ""
@@ -401,38 +403,6 @@ class LLMEngine:
                 for c in group.children:
                     self.stats.record_finish(c.finish_reason or "abort")
         return outputs
-
-    def _detokenize(self, req: Request, detok: IncrementalDetokenizer | None,
-                    sent: int) -> str:
-        """The text delta of the request's new tokens (those after the first ``sent``),
-        applying vLLM's stop rules: the text of a stop token id / EOS that ended the
-        sequence is left out (unless ``include_stop_str_in_output``), and a stop string
-        ends it with ``"stop"`` even on the last allowed token. New tokens go to the
-        detokenizer one by one: a stop string completed by one of several (accepted
-        drafts) ends the sequence there, and the tokens after it are dropped."""
-        if detok is None:
-            return ""
-        stopped_by_token = (req.status is RequestStatus.FINISHED_STOPPED
-                            and not req.stopped_by_grammar)  # a grammar's last token is text
-        new = req.output_token_ids[sent:]
-        if stopped_by_token and not req.params.include_stop_str_in_output:
-            new = new[:-1]
-        delta, matched = "", None
-        for j, token in enumerate(new):
-            upd = detok.add_tokens([token])
-            delta, matched = delta + upd.delta, upd.stop_matched
-            if matched is not None:
-                req.truncate_output(sent + j + 1)
-                break
-        if matched is not None:
-            if req.is_finished:  # by length, or by a stop id whose text is kept
-                req.status = RequestStatus.FINISHED_STOPPED
-            else:
-                self.scheduler.finish_request(req, RequestStatus.FINISHED_STOPPED)
-            req.stop_reason = matched
-        elif req.is_finished:
-            delta += detok.finish()
-        return delta
 
     def get_stats(self) -> EngineStats:
         """A snapshot of the counters and gauges (a copy: safe to hand to another thread)."""
