@@ -17,18 +17,11 @@ from pathlib import Path
 
 import anthropic
 import pytest
-import torch
-import transformers
 
-from roseinfer.config import EngineConfig
 from roseinfer.engine.async_engine import AsyncEngine
-from roseinfer.engine.engine import LLMEngine
-from roseinfer.model.config import ModelConfig
-from roseinfer.model.registry import create_model
 from roseinfer.server.app import create_app
 from roseinfer.server.state import ServerSettings
-from roseinfer.tokenizer import Tokenizer
-from tests.server.test_chat_reasoning import qwen3_tokenizer
+from tests.server.qwen3_helpers import qwen3_engine, qwen3_tokenizer
 from tests.server.tokenizer_server import TcpServerThread
 
 MODEL_NAME = "tiny-qwen3-thinking"
@@ -46,30 +39,11 @@ USER = [{"role": "user", "content": "Why is the sky blue?"}]
 THINK = {"type": "adaptive"}  # "enabled" needs max_tokens > budget_tokens >= 1024
 
 
-def qwen3_style_tokenizer(directory: Path) -> Tokenizer:
-    """The chat reasoning tests' tiny Qwen3-style tokenizer (``<think>`` / ``</think>``
-    tokens of their own) with this module's template."""
-    qwen3_tokenizer(directory)
-    hf = transformers.AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
-    hf.chat_template = QWEN3_STYLE_TEMPLATE
-    hf.save_pretrained(str(directory))
-    return Tokenizer.from_model_path(directory)
-
-
 @contextlib.contextmanager
 def qwen3_server(directory: Path) -> Iterator[str]:
-    tokenizer = qwen3_style_tokenizer(directory)
-    torch.manual_seed(0)
-    hf = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
-        vocab_size=tokenizer.vocab_size, hidden_size=64, intermediate_size=128,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        max_position_embeddings=2048, eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=False)).eval()
-    model_config = ModelConfig.from_hf_dict(hf.config.to_dict())
-    model = create_model(model_config, torch.float32, torch.device("cpu"))
-    model.load_weights(hf.state_dict().items())
-    config = EngineConfig(num_threads=1, quantization="none", block_size=16, num_kv_blocks=160)
-    engine = LLMEngine(config, model=model, model_config=model_config, tokenizer=tokenizer)
+    tokenizer = qwen3_tokenizer(directory, QWEN3_STYLE_TEMPLATE)
+    engine = qwen3_engine(tokenizer, intermediate_size=128, max_positions=2048,
+                          num_kv_blocks=160)
     settings = ServerSettings(served_model_names=(MODEL_NAME,))
     with TcpServerThread(create_app(AsyncEngine(engine), settings)) as server:
         yield server.url

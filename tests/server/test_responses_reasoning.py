@@ -13,19 +13,13 @@ from typing import Any
 
 import openai
 import pytest
-import torch
-import transformers
 
-from roseinfer.config import EngineConfig
 from roseinfer.engine.async_engine import AsyncEngine
-from roseinfer.engine.engine import LLMEngine
-from roseinfer.model.config import ModelConfig
-from roseinfer.model.registry import create_model
 from roseinfer.server.app import create_app
 from roseinfer.server.state import ServerSettings
 from roseinfer.tokenizer import Tokenizer
 from tests.server.helpers import ServerThread
-from tests.server.test_chat_reasoning import QWEN3_TEMPLATE, qwen3_tokenizer
+from tests.server.qwen3_helpers import QWEN3_TEMPLATE, qwen3_engine, qwen3_tokenizer
 
 MODEL = "tiny-qwen3"
 # thinking on unless enable_thinking is false: the generation prompt opens <think>
@@ -39,25 +33,9 @@ REASONING_EVENTS = ["response.output_item.added", "response.content_part.added",
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Tokenizer]]:
-    directory = tmp_path_factory.mktemp("qwen3")
-    qwen3_tokenizer(directory)
-    hf_tok = transformers.AutoTokenizer.from_pretrained(directory)
-    hf_tok.chat_template = TEMPLATE
-    hf_tok.save_pretrained(directory)
-    tokenizer = Tokenizer.from_model_path(directory)
-    torch.manual_seed(0)
-    cfg = transformers.Qwen3Config(
-        vocab_size=tokenizer.vocab_size, hidden_size=64, intermediate_size=96,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        max_position_embeddings=1024, eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=False)
-    hf = transformers.Qwen3ForCausalLM(cfg).eval()
-    model_config = ModelConfig.from_hf_dict(hf.config.to_dict())
-    model = create_model(model_config, torch.float32, torch.device("cpu"))
-    model.load_weights(hf.state_dict().items())
-    config = EngineConfig(num_threads=1, quantization="none", block_size=16, num_kv_blocks=64)
-    engine = LLMEngine(config, model=model, model_config=model_config, tokenizer=tokenizer)
-    app = create_app(AsyncEngine(engine), ServerSettings(served_model_names=(MODEL,)))
+    tokenizer = qwen3_tokenizer(tmp_path_factory.mktemp("qwen3"), TEMPLATE)
+    app = create_app(AsyncEngine(qwen3_engine(tokenizer)),
+                     ServerSettings(served_model_names=(MODEL,)))
     with ServerThread(app) as st:
         yield st.url, tokenizer
 
