@@ -65,11 +65,13 @@ def test_config_quantization_choices() -> None:
     assert EngineConfig(quantization="none").resolved_quantization("cpu") == "none"
 
 
-def _prompt_stats(quantization: str) -> tuple[list[float], list[int]]:
-    """Logprob of each actual next token and the model's top-1 token, per position."""
+def prompt_stats(quantization: str, model: str | None = None,
+                 **options: object) -> tuple[list[float], list[int]]:
+    """Logprob of each actual next token and the model's top-1 token, per position, over
+    the gate's text (``model``: the default model when None)."""
     from roseinfer.llm import LLM
 
-    llm = LLM(quantization=quantization, max_num_batched_tokens=512)
+    llm = LLM(model, quantization=quantization, max_num_batched_tokens=512, **options)
     out = llm.generate(TEXT.read_text(), SamplingParams(max_tokens=1, prompt_logprobs=1))[0]
     entries = out.prompt_logprobs[1:]
     targets = out.prompt_token_ids[1:]
@@ -78,17 +80,25 @@ def _prompt_stats(quantization: str) -> tuple[list[float], list[int]]:
     return logprobs, top1
 
 
-@pytest.mark.slow  # the default model over a 1,128-token text, per format
-@pytest.mark.parametrize("quantization", ["fp16", "fp16+bf16", "int8"])
-def test_quality_gate_default_model(quantization: str) -> None:
-    ref_lp, ref_top = _prompt_stats("none")
-    lp, top = _prompt_stats(quantization)
+def gate_figures(ref: tuple[list[float], list[int]], got: tuple[list[float], list[int]],
+                 label: str) -> tuple[float, float]:
+    """(relative perplexity change, top-1 agreement) of ``got`` against ``ref`` (fp32),
+    both ``prompt_stats``; printed under ``label``."""
+    (ref_lp, ref_top), (lp, top) = ref, got
     assert len(ref_lp) > 1000
     ppl_ref = math.exp(-sum(ref_lp) / len(ref_lp))
     ppl = math.exp(-sum(lp) / len(lp))
     agreement = sum(a == b for a, b in zip(ref_top, top, strict=True)) / len(top)
-    print(f"{quantization}: ppl {ppl:.3f} vs fp32 {ppl_ref:.3f} "
+    print(f"{label}: ppl {ppl:.3f} vs fp32 {ppl_ref:.3f} "
           f"({100 * (ppl / ppl_ref - 1):+.2f}%), top-1 agreement {100 * agreement:.2f}%")
+    return ppl / ppl_ref - 1, agreement
+
+
+@pytest.mark.slow  # the default model over a 1,128-token text, per format
+@pytest.mark.parametrize("quantization", ["fp16", "fp16+bf16", "int8"])
+def test_quality_gate_default_model(quantization: str) -> None:
+    ppl_change, agreement = gate_figures(prompt_stats("none"), prompt_stats(quantization),
+                                         quantization)
     default_capable = quantization != "fp16+bf16"
     assert agreement >= (0.98 if default_capable else 0.95)
-    assert abs(ppl / ppl_ref - 1) <= (0.01 if default_capable else 0.02)
+    assert abs(ppl_change) <= (0.01 if default_capable else 0.02)
