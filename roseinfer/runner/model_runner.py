@@ -108,7 +108,7 @@ class StepLayout:
     sample_rows: list[int]
     # Scheduled index -> flat rows [start, end) of a chunk whose prompt logprobs are kept.
     prompt_ranges: dict[int, tuple[int, int]]
-    row_loras: list[int]  # [T] each row's LoRA adapter id (0: base model)
+    row_loras: list[int]  # [T] each row's LoRA adapter id (0: base model); [] without adapters
     # Scheduled index -> flat rows [start, end) of an embedding request's chunk.
     pool_ranges: dict[int, tuple[int, int]] = field(default_factory=dict)
 
@@ -119,6 +119,7 @@ def layout_step(scheduled: list[ScheduledRequest]) -> StepLayout:
     rows to sample and prompt-logprob rows."""
     loras = [0 if s.request.lora_request is None else s.request.lora_request.lora_int_id
              for s in scheduled]
+    with_loras = any(loras)  # else no per-row ids: the common step pays nothing for them
     order = sorted(range(len(scheduled)),
                    key=lambda i: (scheduled[i].num_new_tokens != 1, loras[i]))
     row_loras: list[int] = []
@@ -132,7 +133,8 @@ def layout_step(scheduled: list[ScheduledRequest]) -> StepLayout:
         own = s.num_new_tokens - len(s.spec_token_ids)
         flat_ids.extend(req.all_token_ids[start:start + own])
         flat_ids.extend(s.spec_token_ids)
-        row_loras.extend([loras[i]] * s.num_new_tokens)
+        if with_loras:
+            row_loras.extend([loras[i]] * s.num_new_tokens)
         seqs.append(SeqSpec(start, s.num_new_tokens, req.block_table))
         end[i] = len(flat_ids)
     sample_rows = [r for i, s in enumerate(scheduled) if s.samples
