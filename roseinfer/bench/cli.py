@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from roseinfer.bench.bandwidth import cpu_flags
 from roseinfer.cli_args import add_engine_args, engine_config_from_args
 
 RESULTS_DIR = Path("benchmarks/results")
@@ -27,6 +28,7 @@ def _header(args: argparse.Namespace, engine: Any) -> dict[str, Any]:
         "quantization": engine.quantization,
         "threads": torch.get_num_threads(),
         "cpu_kernels": _kernel_note(),
+        "cpu": cpu_flags(),
     }
 
 
@@ -47,7 +49,13 @@ def _write_json(name: str, payload: dict[str, Any], path: str | None) -> Path:
 
 
 def cmd_throughput(args: argparse.Namespace) -> int:
-    from roseinfer.bench.throughput import format_table, results_json, run_throughput
+    from roseinfer.bench.throughput import (
+        bandwidth_report,
+        format_bandwidth,
+        format_table,
+        results_json,
+        run_throughput,
+    )
     from roseinfer.engine.engine import LLMEngine
 
     engine = LLMEngine(engine_config_from_args(args))
@@ -56,8 +64,13 @@ def cmd_throughput(args: argparse.Namespace) -> int:
         compare_hf=args.compare_hf, hf_batch_sizes=args.hf_batch_sizes, seed=args.bench_seed,
     )
     header = _header(args, engine) | {"prompt_len": args.prompt_len, "gen_len": args.gen_len}
+    payload = results_json(results, header)
     print(format_table(results, header))
-    out = _write_json("throughput.json", results_json(results, header), args.output)
+    if args.bandwidth:
+        limit = bandwidth_report(engine, results)
+        print(format_bandwidth(limit))
+        payload["bandwidth"] = limit
+    out = _write_json("throughput.json", payload, args.output)
     print(f"wrote {out}")
     return 0
 
@@ -100,6 +113,8 @@ def register(subparsers: Any) -> None:
                     help="run HF transformers generate on the same work and print the ratio")
     tp.add_argument("--hf-batch-sizes", type=int, nargs="+", default=None,
                     help="batch sizes to run HF at (default: all)")
+    tp.add_argument("--no-bandwidth", dest="bandwidth", action="store_false",
+                    help="skip measuring read bandwidth and batch 1's share of its limit")
     tp.set_defaults(func=cmd_throughput)
 
     pr = sub.add_parser("profile", help="where one decode step's time goes")
@@ -132,6 +147,7 @@ def _defaults_for_bare(args: argparse.Namespace) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--compare-hf", action="store_true")
     parser.add_argument("--hf-batch-sizes", type=int, nargs="+", default=None)
+    parser.add_argument("--no-bandwidth", dest="bandwidth", action="store_false")
     return parser.parse_args([])
 
 

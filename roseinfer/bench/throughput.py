@@ -22,7 +22,13 @@ from typing import Any
 
 import torch
 
+from roseinfer.bench.bandwidth import (
+    bandwidth_limit_tok_s,
+    read_bandwidth_gbs,
+    weight_bytes_per_step,
+)
 from roseinfer.engine.engine import LLMEngine
+from roseinfer.model.loader import resolve_model_path
 from roseinfer.sampling_params import SamplingParams
 
 
@@ -111,8 +117,6 @@ def load_hf_model(model_path: str | None) -> Any:
     """HF transformers' own load of the engine's model (GGUF or HF dir), fp32."""
     import transformers
 
-    from roseinfer.model.loader import resolve_model_path
-
     path = resolve_model_path(model_path)
     if path.suffix == ".gguf":
         model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -166,3 +170,24 @@ def format_table(results: list[ThroughputResult], header: dict[str, Any]) -> str
 def results_json(results: list[ThroughputResult], header: dict[str, Any]) -> dict[str, Any]:
     return {"config": header,
             "results": [asdict(r) | {"hf_ratio": r.hf_ratio} for r in results]}
+
+
+def bandwidth_report(engine: LLMEngine, results: list[ThroughputResult]) -> dict[str, Any]:
+    """Read bandwidth, weight bytes per step, the one-stream limit and batch 1's share."""
+    weight_bytes = weight_bytes_per_step(resolve_model_path(engine.config.model),
+                                         engine.model_config, engine.quantization)
+    bandwidth = read_bandwidth_gbs()
+    limit = bandwidth_limit_tok_s(weight_bytes, bandwidth)
+    b1 = next((r.decode_tok_s for r in results if r.batch_size == 1), None)
+    return {"read_bandwidth_gbs": bandwidth, "weight_bytes_per_step": weight_bytes,
+            "limit_tok_s": limit, "batch1_decode_tok_s": b1,
+            "batch1_pct_of_limit": None if b1 is None else 100 * b1 / limit}
+
+
+def format_bandwidth(report: dict[str, Any]) -> str:
+    line = (f"bandwidth: read {report['read_bandwidth_gbs']:.1f} GB/s, weights "
+            f"{report['weight_bytes_per_step'] / 1e9:.3f} GB per step -> one stream <= "
+            f"{report['limit_tok_s']:.1f} tok/s")
+    if report["batch1_pct_of_limit"] is not None:
+        line += f"; batch 1 decode at {report['batch1_pct_of_limit']:.0f}% of it"
+    return line

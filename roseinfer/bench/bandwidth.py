@@ -1,0 +1,96 @@
+"""The memory-bandwidth limit of decoding: read bandwidth, weight bytes per step, CPU flags.
+
+A decode step reads every weight of the model once, whatever the batch (the embedding
+only gathers its rows, unless it doubles as the LM head). One stream can therefore not
+exceed ``read bandwidth / weight bytes`` tokens per second; the throughput benchmark
+prints batch 1's decode speed as a percentage of that limit.
+
+* ``read_bandwidth_gbs``: the best of a few timed ``torch.sum`` passes over a 1 GiB
+  float32 tensor with the engine's threads (a STREAM-style read, no writes).
+* ``weight_bytes_per_step``: for a GGUF file, the bytes its tensors take as stored (what
+  the kernels read, since weights are used as stored); for other checkpoints an estimate
+  from the shapes and the load-time format (Q8_0: 34 bytes per 32 weights, fp16: 2,
+  fp32: 4).
+* ``cpu_flags``: the CPU model and the SIMD flags that choose the kernels, for the header
+  every figure carries.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from roseinfer.model.config import ModelConfig
+from roseinfer.model.gguf_header import map_file, parse_header
+
+_SIMD_FLAGS = ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl",
+               "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+_BYTES_PER_WEIGHT = {"int8": 34 / 32, "fp16": 2.0, "fp16+bf16": 2.0, "none": 4.0}
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """``"<model name>: avx2 fma ..."``: the SIMD flags kernels choose from (``?`` when
+    /proc/cpuinfo cannot be read)."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return "?"
+    name, flags = "?", set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and name == "?":
+            name = value.strip()
+        elif key.strip() == "flags" and not flags:
+            flags = set(value.split())
+    return f"{name}: " + " ".join(f for f in _SIMD_FLAGS if f in flags)
+
+
+def read_bandwidth_gbs(nbytes: int = 1 << 30, repeats: int = 5) -> float:
+    """Best read bandwidth (GB/s, 1e9 bytes) of ``repeats`` sums over ``nbytes`` of fp32."""
+    data = torch.ones(nbytes // 4, dtype=torch.float32)
+    data.sum()  # page in and warm the threads
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        data.sum()
+        best = min(best, time.perf_counter() - t0)
+    return data.numel() * 4 / best / 1e9
+
+
+def gguf_weight_bytes(path: Path) -> int:
+    """Bytes of a GGUF's tensors that one decode step reads: all but the token
+    embedding, which counts only when it is also the LM head (no ``output.weight``)."""
+    mm = map_file(path)
+    try:
+        _, tensors = parse_header(mm, path)
+    finally:
+        mm.close()
+    total = sum(info.nbytes for name, info in tensors.items() if name != "token_embd.weight")
+    if "output.weight" not in tensors and "token_embd.weight" in tensors:
+        total += tensors["token_embd.weight"].nbytes
+    return total
+
+
+def estimated_weight_bytes(config: ModelConfig, quantization: str) -> int:
+    """Bytes one decode step reads for a checkpoint converted at load: decoder linears
+    and the LM head at ``quantization``'s bytes per weight (norms and biases ignored)."""
+    h, kv = config.hidden_size, config.num_kv_heads * config.head_dim
+    q = config.num_heads * config.head_dim
+    per_layer = h * q + 2 * h * kv + q * h + 3 * h * config.intermediate_size
+    weights = config.num_layers * per_layer + config.vocab_size * h
+    return int(weights * _BYTES_PER_WEIGHT.get(quantization, 4.0))
+
+
+def weight_bytes_per_step(model_path: Path, config: ModelConfig, quantization: str) -> int:
+    """Weight bytes read per decode step (exact for GGUF files, estimated otherwise)."""
+    if model_path.suffix == ".gguf":
+        return gguf_weight_bytes(model_path)
+    return estimated_weight_bytes(config, quantization)
+
+
+def bandwidth_limit_tok_s(weight_bytes: int, bandwidth_gbs: float) -> float:
+    """Decode tok/s one stream cannot exceed: steps per second at which the weights are
+    read once each."""
+    return bandwidth_gbs * 1e9 / weight_bytes
