@@ -287,5 +287,7 @@ def test_litellm_anthropic_messages(ts, litellm) -> None:
                         for tc in c.choices[0].delta.tool_calls or ())
     assert arguments == calls[0].function.arguments
     usage = [c.usage for c in chunks if getattr(c, "usage", None)][-1]
-    assert usage.prompt_tokens == whole.usage.prompt_tokens
     assert usage.completion_tokens == whole.usage.completion_tokens
+    # the same prompt again: litellm adds Anthropic's cache reads back into prompt_tokens
+    assert usage.prompt_tokens == whole.usage.prompt_tokens
+    assert usage.prompt_tokens_details.cached_tokens > 0
