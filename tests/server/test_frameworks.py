@@ -203,6 +203,19 @@ def test_langchain_invoke_and_stream(ts, bias, responses) -> None:
         assert usage["output_tokens"] == TEXT_TOKENS
 
 
+def test_langchain_previous_response_id(ts, bias) -> None:
+    """``use_previous_response_id``: LangChain sends only the turn's new messages and the
+    last response's id; the server puts the stored conversation before them."""
+    llm = chat_openai(ts, bias, True, TEXT_TOKENS).model_copy(
+        update={"use_previous_response_id": True})
+    first = llm.invoke([HumanMessage("Tell me a story.")])
+    second = llm.invoke([HumanMessage("Tell me a story."), first, HumanMessage("Go on.")])
+    used, prior = second.usage_metadata, first.usage_metadata
+    assert second.response_metadata["id"] != first.response_metadata["id"]
+    assert used["input_tokens"] > prior["input_tokens"] + prior["output_tokens"]
+    assert used["input_token_details"]["cache_read"] > 0  # the stored turn's prefix
+
+
 @pytest.mark.parametrize("responses", [True, False], ids=["responses", "chat"])
 def test_langchain_structured_output_function_calling(ts, bias, responses) -> None:
     """``with_structured_output(method="function_calling")``: one named tool call."""
@@ -269,7 +282,7 @@ def test_litellm_openai_routes(ts, litellm) -> None:
 
 def test_litellm_anthropic_messages(ts, litellm) -> None:
     """litellm's anthropic provider on /v1/messages: a named tool (one ``tool_use``),
-    streamed, and usage mapped back to OpenAI's counts."""
+    streamed, a ``tool_result`` follow-up, and usage mapped back to OpenAI's counts."""
     tool = {"type": "function", "function": {
         "name": "get_weather", "description": "Weather in a city",
         "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}},
@@ -286,6 +299,10 @@ def test_litellm_anthropic_messages(ts, litellm) -> None:
     arguments = "".join(tc.function.arguments or "" for c in chunks if c.choices
                         for tc in c.choices[0].delta.tool_calls or ())
     assert arguments == calls[0].function.arguments
+    follow = [*kw["messages"], whole.choices[0].message.model_dump(),
+              {"role": "tool", "tool_call_id": calls[0].id, "content": TOOL_RESULT}]
+    answer = litellm.completion(**{**kw, "messages": follow, "tool_choice": "none"})
+    assert answer.choices[0].message.tool_calls is None and answer.choices[0].message.content
     usage = [c.usage for c in chunks if getattr(c, "usage", None)][-1]
     assert usage.completion_tokens == whole.usage.completion_tokens
     # the same prompt again: litellm adds Anthropic's cache reads back into prompt_tokens
