@@ -25,7 +25,7 @@ from fastapi import Request
 from roseinfer.engine.request_stream import RequestStream
 from roseinfer.outputs import CompletionOutput, ToolCall
 from roseinfer.server.chat_pipeline import PreparedChat
-from roseinfer.server.chat_reader import ChoiceReader
+from roseinfer.server.chat_reader import ChoiceReader, reasoning_token_count
 from roseinfer.server.errors import APIError
 from roseinfer.server.logprobs import chat_logprobs, token_decoder
 from roseinfer.server.responses import TokenLogprob
@@ -89,6 +89,7 @@ class ChatUsage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0  # prompt tokens served by the prefix cache (memory or disk)
+    reasoning_tokens: int = 0  # generated tokens inside reasoning blocks, all choices
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +148,7 @@ async def chat_events(state: ServerState, prepared: PreparedChat,
     readers: dict[int, ChoiceReader] = {}
     done: set[int] = set()
     decode = token_decoder(state.engine.engine.tokenizer)
-    completion_tokens = cached_tokens = 0
+    completion_tokens = cached_tokens = reasoning_tokens = 0
     try:
         async for out in stream:
             cached_tokens = out.num_cached_tokens
@@ -174,9 +175,13 @@ async def chat_events(state: ServerState, prepared: PreparedChat,
                 if c.finish_reason is not None:
                     done.add(c.index)
                     completion_tokens += len(c.token_ids)
+                    if prepared.reasoning:
+                        reasoning_tokens += reasoning_token_count(
+                            state.engine.engine.tokenizer, c.token_ids, prepared.thinking_open)
                     yield ChoiceFinish(c.index, _reason(c, bool(reader.calls)), c.stop_reason,
                                        len(c.token_ids))
-        yield ChatUsage(len(prepared.prompt_ids), completion_tokens, cached_tokens)
+        yield ChatUsage(len(prepared.prompt_ids), completion_tokens, cached_tokens,
+                        reasoning_tokens)
     except Exception as exc:  # an engine failure ends the stream with an error event
         yield ChatError(engine_error(exc))
 

@@ -11,6 +11,7 @@ reader serves streams (many ``feed`` calls) and whole results (one), so both agr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,30 @@ def thinking_start(tokenizer: Any, prompt_text: str) -> tuple[bool, bool]:
         if len(tokenizer.encode(tag, add_special_tokens=False)) != 1:
             return False, False
     return True, prompt_text.rfind(THINK_OPEN) > prompt_text.rfind(THINK_CLOSE)
+
+
+def reasoning_token_count(tokenizer: Any, token_ids: Sequence[int], inside: bool) -> int:
+    """How many of a choice's generated ``token_ids`` are its reasoning, read as
+    ``ChoiceReader`` reads their text: a block the prompt left open (``inside``) or one
+    opening the output after whitespace-only tokens, up to its ``</think>`` (or the end:
+    a block cut by ``max_tokens``); the tag tokens themselves are not counted. Exact
+    where the tags are the model's own tag tokens, as thinking models emit them (see
+    ``thinking_start``)."""
+    (open_id,) = tokenizer.encode(THINK_OPEN, add_special_tokens=False)
+    (close_id,) = tokenizer.encode(THINK_CLOSE, add_special_tokens=False)
+    start = 0
+    if not inside:
+        while start < len(token_ids) and not tokenizer.decode([token_ids[start]]).strip():
+            start += 1
+        if start == len(token_ids) or token_ids[start] != open_id:
+            return 0
+        start += 1
+    count = 0
+    for token in token_ids[start:]:
+        if token == close_id:
+            break
+        count += 1
+    return count
 
 
 @dataclass

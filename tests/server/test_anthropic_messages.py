@@ -88,6 +88,11 @@ def raw_events(client: anthropic.Anthropic, **kwargs: Any) -> list[Any]:
         return list(stream)
 
 
+def prompt_tokens(usage: Any) -> int:
+    """The whole prompt: Anthropic counts cache reads apart from ``input_tokens``."""
+    return usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens
+
+
 def text_of(msg: Any) -> str:
     return "".join(b.text for b in msg.content if b.type == "text")
 
@@ -102,10 +107,10 @@ def test_create(client: anthropic.Anthropic) -> None:
     assert 1 <= msg.usage.output_tokens <= 12
     if msg.stop_reason == "max_tokens":
         assert msg.usage.output_tokens == 12
-    assert msg.usage.cache_creation_input_tokens == 0 == msg.usage.cache_read_input_tokens
+    assert msg.usage.cache_creation_input_tokens == 0
     count = client.messages.count_tokens(model=MODEL_NAME, messages=USER,
                                          system="Answer briefly.")
-    assert msg.usage.input_tokens == count.input_tokens > 0
+    assert prompt_tokens(msg.usage) == count.input_tokens > 0
 
 
 def test_stream_joins_to_the_final_message(client: anthropic.Anthropic) -> None:
@@ -119,7 +124,8 @@ def test_stream_joins_to_the_final_message(client: anthropic.Anthropic) -> None:
         whole.content)
     start = events[0].message
     assert start.stop_reason is None and start.content == [] and start.id.startswith("msg_")
-    assert start.usage.input_tokens == whole.usage.input_tokens
+    assert start.usage.input_tokens == prompt_tokens(whole.usage)  # no cache lookup yet
+    assert start.usage.cache_read_input_tokens == 0
     delta = events[-2]
     assert (delta.delta.stop_reason, delta.usage.output_tokens) == (
         whole.stop_reason, whole.usage.output_tokens)
@@ -129,8 +135,36 @@ def test_stream_joins_to_the_final_message(client: anthropic.Anthropic) -> None:
         final = stream.get_final_message()
     assert "".join(pieces) == text_of(final)
     assert [b.model_dump() for b in final.content] == [b.model_dump() for b in whole.content]
-    assert (final.stop_reason, final.usage.output_tokens, final.usage.input_tokens) == (
-        whole.stop_reason, whole.usage.output_tokens, whole.usage.input_tokens)
+    assert (final.stop_reason, final.usage.output_tokens, prompt_tokens(final.usage)) == (
+        whole.stop_reason, whole.usage.output_tokens, prompt_tokens(whole.usage))
+
+
+def test_cache_read_input_tokens(ts: TinyServer, client: anthropic.Anthropic) -> None:
+    """A second request sharing a long prefix reads it from the prefix cache, and usage
+    says so as Anthropic does (``input_tokens`` are the rest), whole and streamed; the
+    count equals chat completions' ``cached_tokens`` for the same prompt."""
+    system = "You are a careful weather assistant. " * 12 + "Case 7f3a."  # unseen prefix
+    kwargs = {"system": system, "temperature": 0, "max_tokens": 4}
+    first = create(client, **kwargs)
+    count = client.messages.count_tokens(model=MODEL_NAME, messages=USER,
+                                         system=system).input_tokens
+    assert first.usage.cache_read_input_tokens == 0 and first.usage.input_tokens == count
+    second = create(client, **kwargs)
+    block = ts.engine.config.block_size
+    cached = second.usage.cache_read_input_tokens
+    assert cached == (count - 1) // block * block > 0  # every full block but a last token's
+    assert second.usage.input_tokens == count - cached
+    assert second.usage.cache_creation_input_tokens == 0
+    with client.messages.stream(model=MODEL_NAME, messages=USER, max_tokens=4, system=system,
+                                extra_body={"temperature": 0}) as stream:
+        final = stream.get_final_message()
+    assert (final.usage.cache_read_input_tokens, final.usage.input_tokens) == (
+        cached, count - cached)
+    chat = httpx.post(f"{ts.url}/v1/chat/completions", headers={"x-api-key": KEY}, json={
+        "model": MODEL_NAME, "max_tokens": 4, "messages": [
+            {"role": "system", "content": system}, *USER]}, timeout=60).json()
+    assert chat["usage"]["prompt_tokens"] == count
+    assert chat["usage"]["prompt_tokens_details"]["cached_tokens"] == cached
 
 
 def test_stop_sequence(client: anthropic.Anthropic) -> None:
@@ -147,7 +181,7 @@ def test_prefill_continues_the_assistant_message(client: anthropic.Anthropic) ->
     msg = create(client, temperature=0, messages=[
         *USER, {"role": "assistant", "content": "The weather in Paris is"}])
     assert msg.stop_reason in ("end_turn", "max_tokens")
-    assert msg.usage.input_tokens == client.messages.count_tokens(
+    assert prompt_tokens(msg.usage) == client.messages.count_tokens(
         model=MODEL_NAME, messages=[*USER, {"role": "assistant",
                                             "content": "The weather in Paris is"}]).input_tokens
 

@@ -247,12 +247,13 @@ def test_stop_reason(finish: str, matched: Any, expected: tuple[str, Any]) -> No
 
 
 def test_sse_events_and_errors() -> None:
-    text = sse.event(sse.message_delta("end_turn", None, 7, 3))
+    text = sse.event(sse.message_delta("end_turn", None, 7, 3, 4))
     head, data, blank = text.split("\n", 2)
     assert head == "event: message_delta" and blank == "\n"
     payload = json.loads(data.removeprefix("data: "))
     assert payload["delta"] == {"stop_reason": "end_turn", "stop_sequence": None}
-    assert payload["usage"]["output_tokens"] == 3
+    assert payload["usage"] == {"input_tokens": 3, "output_tokens": 3,
+                                "cache_creation_input_tokens": 0, "cache_read_input_tokens": 4}
     assert sse.event(sse.PING) == 'event: ping\ndata: {"type":"ping"}\n\n'
     assert error_body(503, "busy") == {"type": "error", "error": {
         "type": "overloaded_error", "message": "busy"}}

@@ -16,7 +16,7 @@ import pytest
 
 from roseinfer.engine.async_engine import AsyncEngine
 from roseinfer.server.app import create_app
-from roseinfer.server.chat_reader import ChoiceReader
+from roseinfer.server.chat_reader import ChoiceReader, reasoning_token_count
 from roseinfer.server.state import ServerSettings
 from roseinfer.tokenizer import Tokenizer
 from tests.server.helpers import ServerThread
@@ -125,6 +125,26 @@ def test_reader_splits_known_texts(step: int) -> None:
             got_calls += len(piece.calls)
         assert (got_reasoning if piece.reasoned else None) == want_reasoning, text
         assert (got_content, got_calls) == (want_content, calls), text
+
+
+@pytest.mark.parametrize(("parts", "inside", "thought"), [
+    (["\n", " ", "<think>", "hmm", " sky", "</think>", "\n\n", "blue"], False, "hmm sky"),
+    (["<think>", "a", "b", "c"], False, "abc"),  # cut by max_tokens inside the block
+    (["no", "<think>", "a", "</think>"], False, ""),  # a block not opening the output
+    (["why", " sky", "</think>", "<tool_call>"], True, "why sky"),  # the prompt opened it
+    (["</think>", "answer"], True, ""),
+])
+def test_reasoning_token_count(server, parts: list[str], inside: bool, thought: str) -> None:
+    """The reasoning tokens of known outputs: those of the text ``ChoiceReader`` gives
+    as reasoning, the tags left out."""
+    tok = server[1]
+    encoded = [tok.encode(part, add_special_tokens=False) for part in parts]
+    ids = [i for part in encoded for i in part]
+    piece = ChoiceReader(reasoning=True, inside=inside).feed(tok.decode(ids), final=True)
+    assert piece.reasoning == thought
+    want = sum(len(e) for part, e in zip(parts, encoded, strict=True) if part in thought
+               and part.strip() and part not in ("<think>", "</think>"))
+    assert reasoning_token_count(tok, ids, inside) == want
 
 
 def test_tool_calls_with_tag_tokens(client) -> None:

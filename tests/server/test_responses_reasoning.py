@@ -72,11 +72,22 @@ def test_reasoning_item_then_message(client, server) -> None:
     assert reasoning.content[0].type == "reasoning_text" and text
     assert "<think>" not in text and "</think>" not in text
     assert out.output_text == message.content[0].text  # the SDK's join leaves reasoning out
-    tokens = out.usage.output_tokens_details.reasoning_tokens
-    # the reasoning text re-tokenized, at most all output tokens (this random model's
-    # text is not valid UTF-8 throughout, so it re-tokenizes longer than it was made)
-    assert 0 < tokens == min(len(server[1].encode(text, add_special_tokens=False)),
-                             out.usage.output_tokens)
+
+
+def test_reasoning_tokens_are_exact(client, server) -> None:
+    """``reasoning_tokens`` counts the generated tokens before ``</think>`` (the prompt
+    opened the block): the same seeded turn through chat completions, with a logprobs
+    entry per generated token, shows where the close tag came."""
+    tok = server[1]
+    out, seed = split_response(client, tok)
+    close = tok.encode("</think>", add_special_tokens=False)[0]
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": ASK}], max_completion_tokens=24,
+        temperature=1.0, seed=seed, logit_bias={str(close): 4.0}, logprobs=True)
+    tokens = [entry.token for entry in chat.choices[0].logprobs.content]
+    assert len(tokens) == out.usage.output_tokens == chat.usage.completion_tokens
+    assert chat.choices[0].message.reasoning_content == out.output[0].content[0].text
+    assert 0 < out.usage.output_tokens_details.reasoning_tokens == tokens.index("</think>")
 
 
 def test_stream_reasoning_events(client, server) -> None:

@@ -86,7 +86,8 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
     choice = result.choices[0]
     reason, sequence = stop_reason(choice.finish_reason, choice.stop_reason, stops)
     return JSONResponse(sse.message(message_id, model, message_content(choice, omit), reason,
-                                    sequence, result.prompt_tokens, result.completion_tokens))
+                                    sequence, result.prompt_tokens, result.completion_tokens,
+                                    result.cached_tokens))
 
 
 def message_content(choice: ChoiceResult, omit_thinking: bool) -> list[Payload]:
@@ -101,14 +102,14 @@ def message_content(choice: ChoiceResult, omit_thinking: bool) -> list[Payload]:
 
 
 async def stream_events(events: AsyncIterator[ChatEvent], message_id: str, model: str,
-                  input_tokens: int, stops: list[str] | None, omit_thinking: bool,
+                  prompt_tokens: int, stops: list[str] | None, omit_thinking: bool,
                   ping_interval: float = sse.PING_INTERVAL_S) -> AsyncIterator[str]:
     """The stream's SSE events of the pipeline's events."""
-    yield sse.event(sse.message_start(message_id, model, input_tokens))
+    yield sse.event(sse.message_start(message_id, model, prompt_tokens))
     yield sse.event(sse.PING)
     writer = BlockWriter(omit_thinking)
     finish: ChoiceFinish | None = None
-    output_tokens = 0
+    output_tokens = cached_tokens = 0
     async for event in sse.keepalive(events, ping_interval):
         ops: list[Payload] = []
         if event is None:
@@ -126,7 +127,7 @@ async def stream_events(events: AsyncIterator[ChatEvent], message_id: str, model
         elif isinstance(event, ChoiceFinish):
             ops, finish = writer.close(), event
         elif isinstance(event, ChatUsage):
-            output_tokens = event.completion_tokens
+            output_tokens, cached_tokens = event.completion_tokens, event.cached_tokens
         elif isinstance(event, ChatError):
             yield sse.error_event(anthropic_error(event.error).body())
             return
@@ -135,7 +136,8 @@ async def stream_events(events: AsyncIterator[ChatEvent], message_id: str, model
     if finish is None:  # the stream ended without its sequence finishing
         return
     reason, sequence = stop_reason(finish.reason, finish.stop_reason, stops)
-    yield sse.event(sse.message_delta(reason, sequence, input_tokens, output_tokens))
+    yield sse.event(sse.message_delta(reason, sequence, prompt_tokens, output_tokens,
+                                      cached_tokens))
     yield sse.event(sse.MESSAGE_STOP)
 
 

@@ -32,31 +32,38 @@ def event(payload: Payload) -> str:
     return f"event: {payload['type']}\ndata: {data}\n\n"
 
 
-def usage(input_tokens: int, output_tokens: int) -> Payload:
-    """Usage as the SDK reads it: roseinfer reuses cached prefixes without a cache
-    write or read billed apart, so both cache counts are 0."""
-    return {"input_tokens": input_tokens, "output_tokens": output_tokens,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+def usage(prompt_tokens: int, output_tokens: int, cached_tokens: int = 0) -> Payload:
+    """Usage as Anthropic counts it: ``input_tokens`` are the prompt tokens not read from
+    the cache, ``cache_read_input_tokens`` those the prefix cache served (memory or
+    disk), so the whole prompt is their sum. ``cache_creation_input_tokens`` is 0:
+    roseinfer caches every prompt's full blocks on its own, never a billed cache write
+    that ``cache_control`` asks for."""
+    return {"input_tokens": prompt_tokens - cached_tokens, "output_tokens": output_tokens,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached_tokens}
 
 
 def message(message_id: str, model: str, content: list[Payload], stop_reason: str | None,
-            stop_sequence: str | None, input_tokens: int, output_tokens: int) -> Payload:
+            stop_sequence: str | None, prompt_tokens: int, output_tokens: int,
+            cached_tokens: int = 0) -> Payload:
     return {"id": message_id, "type": "message", "role": "assistant", "content": content,
             "model": model, "stop_reason": stop_reason, "stop_sequence": stop_sequence,
-            "usage": usage(input_tokens, output_tokens)}
+            "usage": usage(prompt_tokens, output_tokens, cached_tokens)}
 
 
-def message_start(message_id: str, model: str, input_tokens: int) -> Payload:
+def message_start(message_id: str, model: str, prompt_tokens: int) -> Payload:
+    """The stream's first event, sent before the request is scheduled: the prefix cache
+    has not been looked up yet, so the whole prompt counts as ``input_tokens`` here;
+    ``message_delta`` carries the final split."""
     return {"type": "message_start",
-            "message": message(message_id, model, [], None, None, input_tokens, 0)}
+            "message": message(message_id, model, [], None, None, prompt_tokens, 0)}
 
 
-def message_delta(stop_reason: str, stop_sequence: str | None, input_tokens: int,
-                  output_tokens: int) -> Payload:
+def message_delta(stop_reason: str, stop_sequence: str | None, prompt_tokens: int,
+                  output_tokens: int, cached_tokens: int) -> Payload:
     """The final delta; its usage counts are totals (they replace message_start's)."""
     return {"type": "message_delta",
             "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-            "usage": usage(input_tokens, output_tokens)}
+            "usage": usage(prompt_tokens, output_tokens, cached_tokens)}
 
 
 def error_event(body: dict[str, Any]) -> str:

@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
-from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
 from roseinfer.server.chat_events import (
@@ -36,7 +35,6 @@ from roseinfer.server.errors import APIError
 from roseinfer.server.prompt_gate import get_gate
 from roseinfer.server.responses_api.convert import chat_turn, output_items
 from roseinfer.server.responses_api.objects import (
-    Reasoning,
     ResponseObject,
     ResponseUsage,
     echoed,
@@ -70,21 +68,11 @@ class _Run:
     """One response being made: the pipeline's events applied to its writer."""
 
     def __init__(self, writer: ResponseWriter, store: ResponseStore | None,
-                 conversation: list[InputItem], tokenizer: Any) -> None:
+                 conversation: list[InputItem]) -> None:
         self.writer = writer
-        self.tokenizer = tokenizer
         self.store = store  # None: store false
         self.conversation = conversation
         self.truncated = False
-
-    def _reasoning_tokens(self) -> int:
-        """The reasoning items' text in tokens (re-tokenized: the pipeline's events carry
-        text, not the tokens each piece came from)."""
-        texts = [item.content[0].text for item in self.writer.response.output
-                 if isinstance(item, Reasoning) and item.content]
-        if not texts or self.tokenizer is None:
-            return 0
-        return sum(len(self.tokenizer.encode(t, add_special_tokens=False)) for t in texts)
 
     async def apply(self, event: ChatEvent) -> list[Event]:
         w = self.writer
@@ -102,11 +90,9 @@ class _Run:
             self.truncated = event.reason == "length"
             return []
         if isinstance(event, ChatUsage):
-            reasoning = min(event.completion_tokens,
-                            await run_in_threadpool(self._reasoning_tokens))
             events = w.finish(self.truncated, ResponseUsage.of(
                 event.prompt_tokens, event.completion_tokens, event.cached_tokens,
-                reasoning_tokens=reasoning))
+                reasoning_tokens=event.reasoning_tokens))
             if self.store is not None:
                 self.store.put(w.response, self.conversation + output_items(w.response.output))
             return events
@@ -150,8 +136,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response 
     stream = submit_chat(state, prepared, rid, lora)
     response = ResponseObject(id=rid, created_at=int(time.time()), model=model,
                               **echoed(body, tools))
-    run = _Run(ResponseWriter(response), store if body.stored else None, conversation,
-               state.engine.engine.tokenizer)
+    run = _Run(ResponseWriter(response), store if body.stored else None, conversation)
     events = chat_events(state, prepared, stream)
     if body.stream:
         return StreamResponse(run.stream(events), on_close=stream.abort)
