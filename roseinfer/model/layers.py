@@ -76,8 +76,6 @@ def _use_attention_kernel(q: Tensor, kv_cache: Tensor, softcap: float | None = N
         return False
     if kv_cache.dtype not in (torch.float32, torch.float16, torch.int8):
         return False
-    if kv_cache.dtype == torch.int8 and kv_int8.head_dim_of(kv_cache) % 8:
-        return False  # the int8 kernel reads whole 8-value vectors
     from roseinfer.kernels import cpu_kernels_available
 
     return cpu_kernels_available()
@@ -115,8 +113,8 @@ def paged_attention(
     """Causal attention over a paged KV cache; returns [T, H, Dh].
 
     q [T, H, Dh], k/v [T, Hkv, Dh] are this step's new tokens; kv_cache is
-    [2, num_slots, Hkv, Dh] (int8: [2, num_slots, Hkv, Dh + 4], ``kv_int8``).  The new K/V are written to the cache first (unless the
-    caller did: ``kv_written``).  ``window``: a sliding-window layer's view of the step
+    [2, num_slots, Hkv, Dh] (int8: [2, num_slots, Hkv, Dh + 4], ``kv_int8``).  The new
+    K/V are written to the cache first (unless the caller did: ``kv_written``).  ``window``: a sliding-window layer's view of the step
     (None = full attention, or a window no token reaches); ``softcap``: attention-logit
     soft-capping ``tanh(s / cap) * cap`` (Gemma 2).  With the C++ kernels every row then
     attends through one kernel (batch-invariant; windows included, soft-capping not);

@@ -94,10 +94,19 @@ def gate_figures(ref: tuple[list[float], list[int]], got: tuple[list[float], lis
     return ppl / ppl_ref - 1, agreement
 
 
+@pytest.fixture(scope="module")
+def fp32_stats() -> tuple[list[float], list[int]]:
+    """The gate's reference, computed once for every format below."""
+    return prompt_stats("none")
+
+
 @pytest.mark.slow  # the default model over a 1,128-token text, per format
-@pytest.mark.parametrize("quantization", ["fp16", "fp16+bf16", "int8"])
-def test_quality_gate_default_model(quantization: str) -> None:
-    ppl_change, agreement = gate_figures(prompt_stats("none"), prompt_stats(quantization),
+@pytest.mark.parametrize("quantization", ["fp16", "fp16+bf16", "int8", "auto/int8"])
+def test_quality_gate_default_model(quantization: str, fp32_stats) -> None:
+    """Weight formats, and (after a slash) the default weights over the int8 KV cache."""
+    weights, _, kv_dtype = quantization.partition("/")
+    options = {"kv_cache_dtype": kv_dtype} if kv_dtype else {}
+    ppl_change, agreement = gate_figures(fp32_stats, prompt_stats(weights, **options),
                                          quantization)
     default_capable = quantization != "fp16+bf16"
     assert agreement >= (0.98 if default_capable else 0.95)

@@ -10,8 +10,8 @@
 //   p_t    = softmax(s) as softmax_row (exp8 on groups of 8 positions, std::exp on the
 //            tail; p_t = e_t * (1 / sum))
 //   out[i] = FMA chain over t of (p_t * vscale_t) * vq_t[i]
-// FMA contraction is off in this file: no mul + add pair is fused behind our back.
-#pragma GCC optimize("fp-contract=off")
+// This file is compiled with -ffp-contract=off (build.py): the compiler fuses no mul + add
+// pair on its own, so both implementations round exactly where their source says.
 
 #include "attention.h"
 #include "attention_parts.h"
