@@ -114,8 +114,9 @@ def paged_attention(
 
     q [T, H, Dh], k/v [T, Hkv, Dh] are this step's new tokens; kv_cache is
     [2, num_slots, Hkv, Dh] (int8: [2, num_slots, Hkv, Dh + 4], ``kv_int8``).  The new
-    K/V are written to the cache first (unless the caller did: ``kv_written``).  ``window``: a sliding-window layer's view of the step
-    (None = full attention, or a window no token reaches); ``softcap``: attention-logit
+    K/V are written to the cache first (unless the caller did: ``kv_written``).
+    ``window``: a sliding-window layer's view of the step (None = full attention, or a
+    window no token reaches); ``softcap``: attention-logit
     soft-capping ``tanh(s / cap) * cap`` (Gemma 2).  With the C++ kernels every row then
     attends through one kernel (batch-invariant; windows included, soft-capping not);
     the PyTorch fallback runs decode sequences (tokens 0..D-1) in one batched attention
@@ -146,8 +147,9 @@ def paged_attention(
     if d > 0:
         # GQA without repeating K/V: each KV head is a batch entry with G queries.
         qd = q[:d].view(d, num_kv_heads, group, head_dim)  # [D, Hkv, G, Dh]
-        kd = kv_int8.read_rows(key_cache, meta.decode_slot_indices, q.dtype)  # [D, Lmax, Hkv, Dh]
-        vd = kv_int8.read_rows(value_cache, meta.decode_slot_indices, q.dtype)
+        slots = meta.decode_slot_indices
+        kd = kv_int8.read_rows(key_cache, slots, q.dtype)  # [D, Lmax, Hkv, Dh]
+        vd = kv_int8.read_rows(value_cache, slots, q.dtype)  # [D, Lmax, Hkv, Dh]
         kd = kd.transpose(1, 2)  # [D, Hkv, Lmax, Dh]
         vd = vd.transpose(1, 2)  # [D, Hkv, Lmax, Dh]
         valid = meta.decode_mask if window is None else window.decode_mask()  # [D, Lmax]
