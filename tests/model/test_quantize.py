@@ -59,8 +59,9 @@ def test_config_quantization_choices() -> None:
     assert auto.resolved_kv_cache_dtype("cuda") == "float32"
     assert EngineConfig(quantization="fp16+bf16").resolved_quantization("cpu") == "fp16+bf16"
     assert EngineConfig(kv_cache_dtype="float32").resolved_kv_cache_dtype("cpu") == "float32"
+    assert EngineConfig(kv_cache_dtype="int8").resolved_kv_cache_dtype("cpu") == "int8"
     with pytest.raises(ValueError):
-        EngineConfig(kv_cache_dtype="int8")
+        EngineConfig(kv_cache_dtype="int4")
     assert EngineConfig(dtype="bfloat16").resolved_quantization("cpu") == "none"
     assert EngineConfig(quantization="none").resolved_quantization("cpu") == "none"
 
