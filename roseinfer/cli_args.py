@@ -27,8 +27,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         "(plus bf16 GEMMs for 32+ rows: not batch-invariant); "
                         "auto = int8 on CPU, none elsewhere")
     g.add_argument("--kv-cache-dtype", default="auto",
-                   choices=["auto", "float32", "bfloat16", "float16"],
-                   help="KV cache element type; auto = float16 with fp16 weights, else --dtype")
+                   choices=["auto", "float32", "bfloat16", "float16", "int8"],
+                   help="KV cache element type; auto = float16 with fp16 weights, else --dtype; "
+                        "int8 = int8 with a scale per token and KV head (~1.9x the tokens "
+                        "per GiB of float16; docs/kv-cache.md)")
     g.add_argument("--block-size", type=int, default=16)
     g.add_argument("--kv-cache-memory-gb", type=float, default=None,
                    help="KV pool budget in GiB (default: --kv-cache-memory-fraction of the "

@@ -21,6 +21,7 @@ from roseinfer.distributed.plan import TensorParallelPlan, make_plan
 
 SPEC_VERSION = 1
 DTYPES = ("float32", "bfloat16", "float16")
+KV_DTYPES = (*DTYPES, "int8")  # int8: roseinfer.model.kv_int8 (scales inside the rows)
 QUANTIZATIONS = ("none", "fp16", "fp16+bf16", "int8")
 MAX_RANKS = 256
 _DEVICE = re.compile(r"^(cpu|cuda(:[0-9]{1,3})?)$")
@@ -101,7 +102,7 @@ class WorkerSpec:
             version=SPEC_VERSION, model=model, size=size, shards=[list(s) for s in shards],
             host=host, port=_int(doc, "port", 1, 65535), dtype=_choice(doc, "dtype", DTYPES),
             device=device, quantization=_choice(doc, "quantization", QUANTIZATIONS),
-            kv_dtype=_choice(doc, "kv_dtype", DTYPES),
+            kv_dtype=_choice(doc, "kv_dtype", KV_DTYPES),
             block_size=_int(doc, "block_size", 1, 1 << 16),
             num_blocks=_int(doc, "num_blocks", 1, 1 << 31),
             num_threads=_int(doc, "num_threads", 1, 4096), timeout_s=float(timeout))

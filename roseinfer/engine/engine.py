@@ -66,6 +66,7 @@ from roseinfer.tokenizer import Tokenizer
 logger = logging.getLogger(__name__)
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_KV_TORCH_DTYPES = {**_TORCH_DTYPES, "int8": torch.int8}  # int8: roseinfer.model.kv_int8
 
 
 def resolve_device(name: str) -> torch.device:
@@ -88,7 +89,7 @@ class LLMEngine:
         self.device = resolve_device(config.device)
         self.dtype = _TORCH_DTYPES[config.dtype]
         self.quantization = config.resolved_quantization(self.device.type)
-        self.kv_dtype = _TORCH_DTYPES[config.resolved_kv_cache_dtype(self.device.type)]
+        self.kv_dtype = _KV_TORCH_DTYPES[config.resolved_kv_cache_dtype(self.device.type)]
         block_size = config.block_size
         self.runner, model_config, tokenizer, weights = build_runner(
             config, self.device, self.dtype, self.quantization, self.kv_dtype, model,

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from roseinfer.model import kv_int8
 from roseinfer.model.attention_metadata import AttentionMetadata
 from roseinfer.model.rope import compute_inv_freq as compute_inv_freq  # re-export
 from roseinfer.model.row_kernels import row_kernels_usable as row_kernels_usable  # re-export
@@ -60,9 +61,10 @@ def get_activation(name: str) -> Callable[[Tensor], Tensor]:
 
 
 def write_kv_cache(kv_cache: Tensor, slot_mapping: Tensor, k: Tensor, v: Tensor) -> None:
-    """Store k, v [T, Hkv, Dh] into kv_cache [2, slots, Hkv, Dh] at slot_mapping [T]."""
-    kv_cache[0].index_copy_(0, slot_mapping, k.to(kv_cache.dtype))
-    kv_cache[1].index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
+    """Store k, v [T, Hkv, Dh] into kv_cache [2, slots, Hkv, row] at slot_mapping [T]
+    (an int8 cache: quantized rows with their scales, ``kv_int8``)."""
+    kv_cache[0].index_copy_(0, slot_mapping, kv_int8.to_cache_rows(k, kv_cache.dtype))
+    kv_cache[1].index_copy_(0, slot_mapping, kv_int8.to_cache_rows(v, kv_cache.dtype))
 
 
 def _use_attention_kernel(q: Tensor, kv_cache: Tensor, softcap: float | None = None) -> bool:
@@ -72,7 +74,7 @@ def _use_attention_kernel(q: Tensor, kv_cache: Tensor, softcap: float | None = N
         return False
     if q.device.type != "cpu" or q.dtype != torch.float32:
         return False
-    if kv_cache.dtype not in (torch.float32, torch.float16):
+    if kv_cache.dtype not in (torch.float32, torch.float16, torch.int8):
         return False
     from roseinfer.kernels import cpu_kernels_available
 
@@ -111,14 +113,17 @@ def paged_attention(
     """Causal attention over a paged KV cache; returns [T, H, Dh].
 
     q [T, H, Dh], k/v [T, Hkv, Dh] are this step's new tokens; kv_cache is
-    [2, num_slots, Hkv, Dh].  The new K/V are written to the cache first (unless the
-    caller did: ``kv_written``).  ``window``: a sliding-window layer's view of the step
-    (None = full attention, or a window no token reaches); ``softcap``: attention-logit
+    [2, num_slots, Hkv, Dh] (int8: [2, num_slots, Hkv, Dh + 4], ``kv_int8``).  The new
+    K/V are written to the cache first (unless the caller did: ``kv_written``).
+    ``window``: a sliding-window layer's view of the step (None = full attention, or a
+    window no token reaches); ``softcap``: attention-logit
     soft-capping ``tanh(s / cap) * cap`` (Gemma 2).  With the C++ kernels every row then
     attends through one kernel (batch-invariant; windows included, soft-capping not);
     the PyTorch fallback runs decode sequences (tokens 0..D-1) in one batched attention
     and prefill sequences one at a time with a causal mask offset by their cached
-    prefix (fast, but its numerics depend on the batch shape).
+    prefix (fast, but its numerics depend on the batch shape).  An int8 cache is read
+    back dequantized, the new tokens' K/V included, so every path attends to the same
+    values.
     """
     if not kv_written:
         write_kv_cache(kv_cache, meta.slot_mapping, k, v)
@@ -142,8 +147,9 @@ def paged_attention(
     if d > 0:
         # GQA without repeating K/V: each KV head is a batch entry with G queries.
         qd = q[:d].view(d, num_kv_heads, group, head_dim)  # [D, Hkv, G, Dh]
-        kd = key_cache[meta.decode_slot_indices].to(q.dtype)  # [D, Lmax, Hkv, Dh]
-        vd = value_cache[meta.decode_slot_indices].to(q.dtype)  # [D, Lmax, Hkv, Dh]
+        slots = meta.decode_slot_indices
+        kd = kv_int8.read_rows(key_cache, slots, q.dtype)  # [D, Lmax, Hkv, Dh]
+        vd = kv_int8.read_rows(value_cache, slots, q.dtype)  # [D, Lmax, Hkv, Dh]
         kd = kd.transpose(1, 2)  # [D, Hkv, Lmax, Dh]
         vd = vd.transpose(1, 2)  # [D, Hkv, Lmax, Dh]
         valid = meta.decode_mask if window is None else window.decode_mask()  # [D, Lmax]
@@ -153,12 +159,13 @@ def paged_attention(
     for j, p in enumerate(meta.prefills):
         s, e = p.query_start, p.query_end
         qp = q[s:e].transpose(0, 1)  # [H, n, Dh]
-        if p.num_computed_tokens == 0:
+        if p.num_computed_tokens == 0 and not kv_int8.is_int8(kv_cache):
             kp = k[s:e].transpose(0, 1)  # [Hkv, n, Dh] (context == new tokens)
             vp = v[s:e].transpose(0, 1)  # [Hkv, n, Dh]
         else:
-            kp = key_cache[p.context_slot_indices].to(q.dtype).transpose(0, 1)  # [Hkv, L, Dh]
-            vp = value_cache[p.context_slot_indices].to(q.dtype).transpose(0, 1)  # [Hkv, L, Dh]
+            slots = p.context_slot_indices
+            kp = kv_int8.read_rows(key_cache, slots, q.dtype).transpose(0, 1)  # [Hkv, L, Dh]
+            vp = kv_int8.read_rows(value_cache, slots, q.dtype).transpose(0, 1)  # [Hkv, L, Dh]
         if group > 1:  # whole heads: SDPA's fused CPU kernel (3-5x its GQA path here)
             kp = kp.repeat_interleave(group, dim=0)  # [H, L, Dh]
             vp = vp.repeat_interleave(group, dim=0)  # [H, L, Dh]

@@ -29,14 +29,17 @@ from torch import Tensor
 
 from roseinfer.config import EngineConfig
 from roseinfer.model.config import ModelConfig
+from roseinfer.model.kv_int8 import row_width
 
 logger = logging.getLogger("roseinfer.runner")
 _GIB = 1 << 30
 
 
 def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes of one block over all layers (an int8 cache's scales included)."""
     elem = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * elem
+    row = row_width(config.head_dim, dtype)
+    return 2 * config.num_layers * block_size * config.num_kv_heads * row * elem
 
 
 def _meminfo_kib(path: Path, key: str) -> int | None:
@@ -97,8 +100,10 @@ def num_kv_blocks(config: EngineConfig, model_config: ModelConfig, kv_dtype: tor
 
 def allocate_kv_caches(model_config: ModelConfig, num_blocks: int, block_size: int,
                        dtype: torch.dtype, device: torch.device) -> list[Tensor]:
-    """One zeroed tensor per layer, [2 (K, V), slots, kv_heads, head_dim]."""
-    shape = (2, num_blocks * block_size, model_config.num_kv_heads, model_config.head_dim)
+    """One zeroed tensor per layer, [2 (K, V), slots, kv_heads, head_dim] (int8: rows of
+    head_dim + 4, the scale inside: ``roseinfer.model.kv_int8``)."""
+    shape = (2, num_blocks * block_size, model_config.num_kv_heads,
+             row_width(model_config.head_dim, dtype))
     if device.type != "cpu":
         return [torch.zeros(shape, dtype=dtype, device=device)
                 for _ in range(model_config.num_layers)]

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from roseinfer.engine.engine import LLMEngine
 from roseinfer.outputs import RequestOutput
@@ -70,6 +71,13 @@ def test_replicated_kv_head_and_tied_embeddings(tmp_path: Path) -> None:
                       num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=True)
     eng, _ = _compare(path)
     assert eng.runner.plan.shards[1].kv_heads == (0, 1)
+
+
+def test_int8_kv_cache_matches_one_process(llama: Path) -> None:
+    """The int8 KV pool under 2 ranks: each rank's KV heads carry their own per-head
+    scales, so the shards hold what one process holds."""
+    eng, _ = _compare(llama, kv_cache_dtype="int8")
+    assert eng.kv_dtype == torch.int8
 
 
 def test_gpt2_matches_one_process(tmp_path: Path) -> None:

@@ -31,6 +31,8 @@ from tests.engine.tiny_models import engine_from_hf
 VOCAB = 512
 MAX_POSITIONS = 640
 QUANTIZATIONS = ("none", "auto", "fp16")  # exact fp32, the default (int8 on CPU), fp16
+# A weight format with a KV cache dtype after a slash ("auto/int8": the int8 KV cache).
+KV_INT8 = ("auto/int8",)
 
 
 def tiny_gqa_llama(seed: int = 0) -> transformers.PreTrainedModel:
@@ -67,7 +69,11 @@ def make_engine(hf_model: transformers.PreTrainedModel, quantization: str,
                 **options: object) -> LLMEngine:
     """An engine with default options except those given; one thread unless told (two
     threads on a loaded 2-core machine run ~20x slower: spinning OpenMP workers) and a
-    pool of 1024 blocks (not 1 GiB of zeros per engine)."""
+    pool of 1024 blocks (not 1 GiB of zeros per engine).  ``quantization`` may name a KV
+    cache dtype after a slash: "auto/int8"."""
+    quantization, _, kv_dtype = quantization.partition("/")
+    if kv_dtype:
+        options.setdefault("kv_cache_dtype", kv_dtype)
     options.setdefault("num_kv_blocks", 1024)
     return engine_from_hf(hf_model, quantization=quantization, **options)
 

@@ -74,7 +74,7 @@ def block_files(root: Path, prompt: list[int]) -> list[Path]:
     return paths
 
 
-@pytest.mark.parametrize("quant", ["none", "auto"])
+@pytest.mark.parametrize("quant", ["none", "auto", "auto/int8"])  # /int8: the int8 KV pool
 def test_restart_gives_bitwise_the_cold_logits(hf_model, prompt, quant: str,
                                                tmp_path: Path) -> None:
     cold, _ = run(hf_model, quant, prompt)
@@ -104,6 +104,18 @@ def test_bad_and_foreign_blocks_are_ignored(hf_model, prompt, tmp_path: Path,
     # Another model on the same directory: its own identity, none of these blocks.
     other, stats = run(tiny_gqa_llama(seed=4), "none", prompt, kv_cache_dir=str(tmp_path))
     assert stats.kv_disk_hit_tokens == 0 and stats.kv_disk_rejected == 0
+    assert len([d for d in tmp_path.iterdir() if d.is_dir()]) == 2
+
+
+def test_an_int8_pool_never_loads_float16_blocks(hf_model, prompt, tmp_path: Path) -> None:
+    """The KV dtype is part of the identity: blocks of an fp16 pool ("auto" weights) are
+    not found by an engine with the int8 pool (whose rows carry their scales), and the
+    other way round."""
+    run(hf_model, "auto", prompt, kv_cache_dir=str(tmp_path))
+    _, stats = run(hf_model, "auto/int8", prompt, kv_cache_dir=str(tmp_path))
+    assert stats.kv_disk_hit_tokens == 0 and stats.kv_disk_rejected == 0
+    _, stats = run(hf_model, "auto", prompt, kv_cache_dir=str(tmp_path))
+    assert stats.kv_disk_hit_tokens == 144  # its own blocks are still there
     assert len([d for d in tmp_path.iterdir() if d.is_dir()]) == 2
 
 

@@ -71,7 +71,8 @@ def test_greedy_batch_1(quantization: str) -> None:
     {"enable_prefix_caching": False},
     {"max_num_batched_tokens": 16},  # chunked prefill, drafts cut by the budget
     {"num_kv_blocks": 40, "block_size": 4},  # preemption
-], ids=["default", "no-prefix-cache", "chunked", "preempting"])
+    {"kv_cache_dtype": "int8"},  # the int8 KV pool (issue 27)
+], ids=["default", "no-prefix-cache", "chunked", "preempting", "int8-kv"])
 def test_greedy_batch_16(options: dict) -> None:
     prompts = repeat_prompts(1, 16)
     off, on = both(prompts, greedy(40), **options)

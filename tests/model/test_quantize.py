@@ -59,8 +59,9 @@ def test_config_quantization_choices() -> None:
     assert auto.resolved_kv_cache_dtype("cuda") == "float32"
     assert EngineConfig(quantization="fp16+bf16").resolved_quantization("cpu") == "fp16+bf16"
     assert EngineConfig(kv_cache_dtype="float32").resolved_kv_cache_dtype("cpu") == "float32"
+    assert EngineConfig(kv_cache_dtype="int8").resolved_kv_cache_dtype("cpu") == "int8"
     with pytest.raises(ValueError):
-        EngineConfig(kv_cache_dtype="int8")
+        EngineConfig(kv_cache_dtype="int4")
     assert EngineConfig(dtype="bfloat16").resolved_quantization("cpu") == "none"
     assert EngineConfig(quantization="none").resolved_quantization("cpu") == "none"
 
@@ -94,11 +95,23 @@ def gate_figures(ref: tuple[list[float], list[int]], got: tuple[list[float], lis
     return ppl / ppl_ref - 1, agreement
 
 
+@pytest.fixture(scope="module")
+def fp32_stats() -> tuple[list[float], list[int]]:
+    """The gate's reference, computed once for every format below."""
+    return prompt_stats("none")
+
+
 @pytest.mark.slow  # the default model over a 1,128-token text, per format
-@pytest.mark.parametrize("quantization", ["fp16", "fp16+bf16", "int8"])
-def test_quality_gate_default_model(quantization: str) -> None:
-    ppl_change, agreement = gate_figures(prompt_stats("none"), prompt_stats(quantization),
+@pytest.mark.parametrize("quantization",
+                         ["fp16", "fp16+bf16", "int8", "none/int8", "auto/int8"])
+def test_quality_gate_default_model(quantization: str, fp32_stats) -> None:
+    """Weight formats, and (after a slash) the int8 KV cache: over exact weights it passes
+    the gate (ppl +0.14%, top-1 98.9%); over the default weights (alone: top-1 98.3%) the
+    errors add up to 96.7%, so it is opt-in and held to the opt-in bound."""
+    weights, _, kv_dtype = quantization.partition("/")
+    options = {"kv_cache_dtype": kv_dtype} if kv_dtype else {}
+    ppl_change, agreement = gate_figures(fp32_stats, prompt_stats(weights, **options),
                                          quantization)
-    default_capable = quantization != "fp16+bf16"
+    default_capable = quantization not in ("fp16+bf16", "auto/int8")
     assert agreement >= (0.98 if default_capable else 0.95)
     assert abs(ppl_change) <= (0.01 if default_capable else 0.02)

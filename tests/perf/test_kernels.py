@@ -8,12 +8,20 @@ import torch.nn.functional as F
 import transformers
 
 from roseinfer.kernels import cpu_kernels_available, make_linear
+from roseinfer.model import kv_int8
 from roseinfer.model.attention_metadata import SeqSpec, build_attention_metadata
 from roseinfer.model.config import ModelConfig
 from roseinfer.model.quantize import quantize_model
 from roseinfer.model.registry import create_model
 
 pytestmark = pytest.mark.skipif(not cpu_kernels_available(), reason="CPU kernels unavailable")
+
+
+def random_cache(slots: int, hkv: int, head_dim: int, dtype: torch.dtype,
+                 gen: torch.Generator) -> torch.Tensor:
+    """[2, slots, Hkv, row] of random K/V in a cache of ``dtype`` (int8: quantized rows)."""
+    x = torch.randn(2, slots, hkv, head_dim, generator=gen)
+    return kv_int8.to_cache_rows(x, dtype).contiguous()
 
 
 @pytest.mark.parametrize("head_dim", [64, 32, 128])
@@ -41,7 +49,7 @@ def test_paged_attention_matches_sdpa(head_dim: int, cache_dtype: torch.dtype) -
 
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("heads", [(9, 3), (8, 2), (4, 4)])
-@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16, torch.int8])
 def test_paged_attention_row_alone_equals_row_in_batch(
     head_dim: int, heads: tuple[int, int], cache_dtype: torch.dtype
 ) -> None:
@@ -53,7 +61,7 @@ def test_paged_attention_row_alone_equals_row_in_batch(
     d, width = 40, 8
     for bs in (16, 5, 1):
         num_blocks = d * width
-        cache = torch.randn(2, num_blocks * bs, hkv, head_dim, generator=gen).to(cache_dtype)
+        cache = random_cache(num_blocks * bs, hkv, head_dim, cache_dtype, gen)
         tables = torch.randperm(num_blocks, generator=gen).view(d, width).to(torch.int32)
         q = torch.randn(d, h, head_dim, generator=gen)
         lens = torch.randint(1, width * bs + 1, (d,), generator=gen, dtype=torch.int32)
@@ -235,14 +243,14 @@ def _tiny_llama(bias: bool) -> torch.nn.Module:
 
 @pytest.mark.parametrize("quantization", ["none", "fp16"])
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16, torch.int8])
 def test_decode_stack_matches_pytorch_path(quantization: str, bias: bool,
                                            cache_dtype: torch.dtype) -> None:
     model = quantize_model(_tiny_llama(bias), quantization)
     cfg, bs = model.config, 4
     gen = torch.Generator().manual_seed(2)
     lens = [5, 1, 11]  # context already cached per sequence
-    caches = [torch.randn(2, 64 * bs, cfg.num_kv_heads, cfg.head_dim, generator=gen).to(cache_dtype)
+    caches = [random_cache(64 * bs, cfg.num_kv_heads, cfg.head_dim, cache_dtype, gen)
               for _ in range(cfg.num_layers)]
     tables = [[3, 9, 1], [7], [0, 2, 5, 11]]
     specs = [SeqSpec(n, 1, t) for n, t in zip(lens, tables, strict=True)]
@@ -256,7 +264,10 @@ def test_decode_stack_matches_pytorch_path(quantization: str, bias: bool,
         slow = model(ids, meta.positions, caches, meta)
     torch.testing.assert_close(fast, slow, rtol=1e-4, atol=1e-4)
     # Same K/V up to fp32 GEMM rounding (GEMV vs MKL), which can flip one fp16 ulp.
-    tol = 1e-5 if cache_dtype == torch.float32 else 2e-3
+    # An int8 cache: the same quantized values up to one step (absmax / 127) of a row.
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.int8: 3e-2}[cache_dtype]
     for a, b in zip(fast_caches, caches, strict=True):
         assert a.dtype == cache_dtype
+        if cache_dtype == torch.int8:
+            a, b = kv_int8.dequantize_rows(a), kv_int8.dequantize_rows(b)
         torch.testing.assert_close(a, b, rtol=tol, atol=tol)

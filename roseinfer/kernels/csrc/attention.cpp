@@ -1,6 +1,7 @@
 // Paged decode attention (see attention.h) over an fp32 or fp16 cache, AVX2/FMA with a
 // scalar fallback.
 #include "attention.h"
+#include "attention_parts.h"
 
 namespace roseinfer {
 
@@ -28,62 +29,6 @@ static inline void axpy(float* acc, float p, const float* v, int64_t n) {
   for (int64_t i = 0; i < n; i += 8)
     _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + i),
                                               _mm256_loadu_ps(acc + i)));
-}
-
-// sg[t] = exp(sg[t] - max) / sum over t < L.
-static inline void softmax_row(float* sg, int64_t L) {
-  __m256 vm = _mm256_set1_ps(-INFINITY);  // the max is exact: any order gives the same
-  int64_t t = 0;
-  for (; t + 8 <= L; t += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(sg + t));
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, vm);
-  float mx = -INFINITY;
-  for (float v : lanes) mx = std::max(mx, v);
-  for (; t < L; ++t) mx = std::max(mx, sg[t]);
-  const __m256 vmx = _mm256_set1_ps(mx);
-  __m256 vsum = _mm256_setzero_ps();
-  t = 0;
-  for (; t + 8 <= L; t += 8) {
-    __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + t), vmx));
-    _mm256_storeu_ps(sg + t, e);
-    vsum = _mm256_add_ps(vsum, e);
-  }
-  float sum = hsum8(vsum);
-  for (; t < L; ++t) {
-    sg[t] = std::exp(sg[t] - mx);
-    sum += sg[t];
-  }
-  const __m256 inv = _mm256_set1_ps(1.f / sum);
-  t = 0;
-  for (; t + 8 <= L; t += 8) _mm256_storeu_ps(sg + t, _mm256_mul_ps(_mm256_loadu_ps(sg + t), inv));
-  for (; t < L; ++t) sg[t] *= 1.f / sum;
-}
-
-// Position t of a context -> its cache slot, walking the block table without divisions.
-struct SlotCursor {
-  const int32_t* table;
-  int64_t bs, blk, off;
-  SlotCursor(const int32_t* t, int64_t block_size, int64_t t0)
-      : table(t), bs(block_size), blk(t0 / block_size), off(t0 % block_size) {}
-  int64_t slot() const { return (int64_t)table[blk] * bs + off; }
-  void next() {
-    if (++off == bs) off = 0, ++blk;
-  }
-};
-
-constexpr int64_t kAhead = 8;  // positions between a prefetched row and its use
-alignas(64) static const float kZeroRow[256] = {};  // a padding K row (zero bits: fp32 or fp16)
-
-template <typename KV>
-static inline void prefetch_row(const KV* p, int64_t bytes) {
-  for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(reinterpret_cast<const char*>(p) + b, _MM_HINT_T0);
-}
-
-// Lane j (< 4) of the result = the sum of the 8 lanes of a[j], as ((l0+l1)+(l2+l3)) +
-// ((l4+l5)+(l6+l7)) for every j: a score never depends on its slot in a group of 4.
-static inline __m128 reduce4(const __m256 (&a)[4]) {
-  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
 // Scores of query heads q[0..GB) (stride DH) against the K rows k[0..4): per (head, row)
@@ -219,24 +164,14 @@ static inline void axpy_any(float* acc, float p, const at::Half* v, int64_t n) {
 // Every query row attends to the first lens[d] positions of its sequence in the paged
 // cache.  Work item = (row, KV head): each K/V row is read once for the G query heads
 // that share it.  Items run in the order (run of consecutive rows of one sequence, KV
-// head, row): the rows of a prefill chunk or of a speculative verification then read
-// one head's K/V one after another, from cache after the first.  q [D, H, Dh]; out
-// [D, H, Dh].
+// head, row): ``item_order``.  q [D, H, Dh]; out [D, H, Dh].
 template <typename KV>
 void attend_rows(const float* q, const KV* kc, const KV* vc, const int32_t* bt,
                       int64_t bt_stride, const int32_t* seq_of, const int32_t* lens, int64_t D,
                       int64_t H, int64_t Hkv, int64_t Dh, int64_t bs, float scale, float* out) {
   const int64_t G = H / Hkv;
   const int64_t row = Hkv * Dh;  // floats between consecutive slots
-  std::vector<int64_t> order;  // item = d * Hkv + kh, in run order
-  order.reserve(D * Hkv);
-  for (int64_t r0 = 0; r0 < D;) {
-    int64_t r1 = r0 + 1;
-    while (r1 < D && seq_of[r1] == seq_of[r0]) ++r1;
-    for (int64_t kh = 0; kh < Hkv; ++kh)
-      for (int64_t d = r0; d < r1; ++d) order.push_back(d * Hkv + kh);
-    r0 = r1;
-  }
+  const std::vector<int64_t> order = item_order(seq_of, D, Hkv);
   at::parallel_for(0, D * Hkv, 1, [&](int64_t b0, int64_t e0) {
     std::vector<float> scores;
     for (int64_t i = b0; i < e0; ++i) {
@@ -299,8 +234,10 @@ template void attend_rows<at::Half>(const float*, const at::Half*, const at::Hal
 void check_decode_args(const at::Tensor& kv_cache, const at::Tensor& block_tables,
                               const at::Tensor& context_lens) {
   TORCH_CHECK(kv_cache.dim() == 4 && kv_cache.size(0) == 2 && kv_cache.is_contiguous() &&
-                  (kv_cache.scalar_type() == at::kFloat || kv_cache.scalar_type() == at::kHalf),
-              "kv_cache must be contiguous float32 or float16 [2, slots, Hkv, Dh]");
+                  (kv_cache.scalar_type() == at::kFloat || kv_cache.scalar_type() == at::kHalf ||
+                   kv_cache.scalar_type() == at::kChar),
+              "kv_cache must be contiguous float32 or float16 [2, slots, Hkv, Dh] or int8 "
+              "[2, slots, Hkv, Dh + 4]");
   TORCH_CHECK(block_tables.scalar_type() == at::kInt && block_tables.dim() == 2 &&
                   block_tables.stride(1) == 1,
               "block_tables must be int32 [D, W] with unit column stride");
@@ -320,15 +257,31 @@ void check_token_seq(const at::Tensor& token_seq, const at::Tensor& block_tables
 at::Tensor paged_attention(at::Tensor q, at::Tensor kv_cache, at::Tensor block_tables,
                            at::Tensor token_seq, at::Tensor token_lens, int64_t block_size,
                            double scale) {
+  return paged_attention_impl(q, kv_cache, block_tables, token_seq, token_lens, block_size,
+                              scale, false);
+}
+
+at::Tensor paged_attention_impl(at::Tensor q, at::Tensor kv_cache, at::Tensor block_tables,
+                                at::Tensor token_seq, at::Tensor token_lens, int64_t block_size,
+                                double scale, bool portable) {
   check_decode_args(kv_cache, block_tables, token_lens);
   auto qc = q.contiguous();
   TORCH_CHECK(qc.dim() == 3 && qc.scalar_type() == at::kFloat, "q must be float32 [T, H, Dh]");
   const int64_t T = qc.size(0), H = qc.size(1), Dh = qc.size(2);
   const int64_t Hkv = kv_cache.size(2);
-  TORCH_CHECK(kv_cache.size(3) == Dh && H % Hkv == 0, "head shapes do not match the cache");
+  TORCH_CHECK(cache_head_dim(kv_cache) == Dh && H % Hkv == 0,
+              "head shapes do not match the cache");
   TORCH_CHECK(token_lens.numel() == T, "token_lens must have one entry per query row");
   check_token_seq(token_seq, block_tables, T);
   auto out = at::empty_like(qc);
+  if (kv_cache.scalar_type() == at::kChar) {
+    const int8_t* k = kv_cache.data_ptr<int8_t>();
+    attend_rows_q8(qc.data_ptr<float>(), k, k + kv_cache.numel() / 2,
+                   block_tables.data_ptr<int32_t>(), block_tables.stride(0),
+                   token_seq.data_ptr<int32_t>(), token_lens.data_ptr<int32_t>(), T, H, Hkv, Dh,
+                   block_size, (float)scale, out.data_ptr<float>(), portable);
+    return out;
+  }
   with_kv_halves(kv_cache, [&](auto* kc, auto* vc) {
     attend_rows(qc.data_ptr<float>(), kc, vc, block_tables.data_ptr<int32_t>(),
                      block_tables.stride(0), token_seq.data_ptr<int32_t>(),

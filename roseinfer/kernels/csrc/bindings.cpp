@@ -11,6 +11,8 @@
 //   torch.classes.roseinfer.LlamaStack(hidden, heads, kv_heads, head_dim, inter, eps, final_norm)
 //   torch.ops.roseinfer.paged_attention(q, kv_cache, block_tables, token_seq, token_lens,
 //                                       block_size, scale)   (prefill and decode rows)
+//   torch.ops.roseinfer.paged_attention_portable(...): the same, an int8 cache's scalar
+//       implementation (tests: the same bits as the AVX2 one)
 //   torch.ops.roseinfer.rms_norm(x, w, eps), .silu_mul(gate_up),
 //   torch.ops.roseinfer.rope_and_cache_(qkv, positions, cos_sin, kv_cache, slot_mapping,
 //                                       num_heads, num_kv_heads)   (in place)
@@ -48,6 +50,10 @@ TORCH_LIBRARY(roseinfer, m) {
       "paged_attention(Tensor q, Tensor kv_cache, Tensor block_tables, Tensor token_seq, "
       "Tensor token_lens, int block_size, float scale) -> Tensor");
   m.impl("paged_attention", c10::DispatchKey::CPU, &roseinfer::paged_attention);
+  m.def(
+      "paged_attention_portable(Tensor q, Tensor kv_cache, Tensor block_tables, "
+      "Tensor token_seq, Tensor token_lens, int block_size, float scale) -> Tensor");
+  m.impl("paged_attention_portable", c10::DispatchKey::CPU, &roseinfer::paged_attention_portable);
   m.def("gguf_rows(Tensor raw, int type, Tensor ids) -> Tensor");
   m.impl("gguf_rows", c10::DispatchKey::CPU, &roseinfer::gguf_rows);
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");

@@ -1,8 +1,8 @@
 // Shared includes and AVX2/FMA helpers for the roseinfer CPU kernels.
 // Layouts follow docs/CONTRACTS.md: kv_cache [2, slots, Hkv, Dh] float32; slot of
 // position p = block_table[p / block_size] * block_size + p % block_size.
-// Activations are float32 on CPU (the KV cache may be float16); the Python side falls
-// back to PyTorch otherwise.
+// Activations are float32 on CPU (the KV cache may be float16, or int8 with a scale per
+// row: kv_q8.h); the Python side falls back to PyTorch otherwise.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -21,17 +21,26 @@
 namespace roseinfer {
 
 // Calls f(K, V) with typed pointers to the K and V halves of one layer's cache
-// [2, slots, Hkv, Dh] (float or at::Half elements; callers check the dtype first).
+// [2, slots, Hkv, Dh] (float or at::Half elements), or [2, slots, Hkv, Dh + 4] int8 rows
+// with their scales (kv_q8.h); callers check the dtype first.
 template <typename F>
 inline void with_kv_halves(const at::Tensor& kv_cache, F&& f) {
   const int64_t half = kv_cache.numel() / 2;
-  if (kv_cache.scalar_type() == at::kHalf) {
+  if (kv_cache.scalar_type() == at::kChar) {
+    int8_t* k = kv_cache.data_ptr<int8_t>();
+    f(k, k + half);
+  } else if (kv_cache.scalar_type() == at::kHalf) {
     at::Half* k = kv_cache.data_ptr<at::Half>();
     f(k, k + half);
   } else {
     float* k = kv_cache.data_ptr<float>();
     f(k, k + half);
   }
+}
+
+// The head dim of a cache [2, slots, Hkv, row]: the row, less the scale of an int8 cache.
+inline int64_t cache_head_dim(const at::Tensor& kv_cache) {
+  return kv_cache.size(3) - (kv_cache.scalar_type() == at::kChar ? 4 : 0);
 }
 
 #ifdef ROSEINFER_AVX2

@@ -1,6 +1,8 @@
 // Row kernels (see rowops.h): norms, SiLU-mul, rotary + KV-cache writes.
 #include "rowops.h"
 
+#include "kv_q8.h"
+
 namespace roseinfer {
 
 // y = w * (x * rsqrt(mean(x^2) + eps)), like transformers' LlamaRMSNorm in fp32.
@@ -103,6 +105,25 @@ void rope_and_store(float* qkv, int64_t B, int64_t H, int64_t Hkv, int64_t Dh,
   });
 }
 
+// The int8 cache: each KV head of a row quantized with its own scale (kv_q8.h).
+template <>
+void rope_and_store<int8_t>(float* qkv, int64_t B, int64_t H, int64_t Hkv, int64_t Dh,
+                            const int64_t* pos, const int64_t* slots, const float* cos_sin,
+                            float* q_out, int8_t* kc, int8_t* vc) {
+  const int64_t q_size = H * Dh, kv_size = Hkv * Dh, qkv_size = q_size + 2 * kv_size;
+  const int64_t slot_bytes = Hkv * q8_row_bytes(Dh);
+  at::parallel_for(0, B, 16, [&](int64_t b0, int64_t e0) {
+    for (int64_t b = b0; b < e0; ++b) {
+      float* row = qkv + b * qkv_size;
+      const float* c = cos_sin + pos[b] * Dh;
+      rotate(row, H, Dh, c);
+      rotate(row + q_size, Hkv, Dh, c);
+      if (q_out) std::copy(row, row + q_size, q_out + b * q_size);
+      q8_store_slot(kc + slots[b] * slot_bytes, row + q_size, Hkv, Dh);
+      q8_store_slot(vc + slots[b] * slot_bytes, row + q_size + kv_size, Hkv, Dh);
+    }
+  });
+}
 
 template void rope_and_store<float>(float*, int64_t, int64_t, int64_t, int64_t, const int64_t*,
                                     const int64_t*, const float*, float*, float*, float*);
@@ -147,9 +168,11 @@ void rope_and_cache_op(at::Tensor qkv, at::Tensor positions, at::Tensor cos_sin,
               "rope_and_cache: positions and slot_mapping must be int64");
   TORCH_CHECK(cos_sin.scalar_type() == at::kFloat, "rope_and_cache: float32 cos/sin cache");
   TORCH_CHECK(kv_cache.dim() == 4 && kv_cache.size(0) == 2 && kv_cache.is_contiguous() &&
-                  (kv_cache.scalar_type() == at::kFloat || kv_cache.scalar_type() == at::kHalf),
-              "rope_and_cache: kv_cache must be contiguous float32/float16 [2, slots, Hkv, Dh]");
-  const int64_t T = qkv.size(0), Dh = kv_cache.size(3);
+                  (kv_cache.scalar_type() == at::kFloat || kv_cache.scalar_type() == at::kHalf ||
+                   kv_cache.scalar_type() == at::kChar),
+              "rope_and_cache: kv_cache must be contiguous float32/float16 [2, slots, Hkv, Dh] "
+              "or int8 [2, slots, Hkv, Dh + 4]");
+  const int64_t T = qkv.size(0), Dh = cache_head_dim(kv_cache);
   TORCH_CHECK(kv_cache.size(2) == num_kv_heads &&
                   qkv.size(1) == (num_heads + 2 * num_kv_heads) * Dh &&
                   positions.numel() == T && slot_mapping.numel() == T && cos_sin.size(1) == Dh,

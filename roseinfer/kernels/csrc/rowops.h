@@ -20,6 +20,11 @@ template <typename KV>
 void rope_and_store(float* qkv, int64_t B, int64_t H, int64_t Hkv, int64_t Dh,
                     const int64_t* pos, const int64_t* slots, const float* cos_sin,
                     float* q_out, KV* kc, KV* vc);
+// An int8 cache (kv_q8.h): each KV head of a row quantized with its own scale.
+template <>
+void rope_and_store<int8_t>(float* qkv, int64_t B, int64_t H, int64_t Hkv, int64_t Dh,
+                            const int64_t* pos, const int64_t* slots, const float* cos_sin,
+                            float* q_out, int8_t* kc, int8_t* vc);
 
 // torch.ops.roseinfer.rms_norm / silu_mul / rope_and_cache_
 at::Tensor rms_norm_op(at::Tensor x, at::Tensor w, double eps);

@@ -13,7 +13,10 @@ at::Tensor LlamaStack::forward(at::Tensor h_in, at::Tensor positions, at::Tensor
                                at::Tensor token_seq, at::Tensor token_lens,
                                at::Tensor slot_mapping, int64_t block_size) {
   TORCH_CHECK((int64_t)kv_caches.size() == num_layers(), "one KV cache per layer");
-  for (const auto& c : kv_caches) check_decode_args(c, block_tables, token_lens);
+  for (const auto& c : kv_caches) {
+    check_decode_args(c, block_tables, token_lens);
+    TORCH_CHECK(cache_head_dim(c) == Dh && c.size(2) == Hkv, "KV cache shape does not match");
+  }
   check_token_seq(token_seq, block_tables, h_in.size(0));
   TORCH_CHECK(token_lens.numel() == h_in.size(0), "token_lens must have one entry per token");
   TORCH_CHECK(positions.scalar_type() == at::kLong && slot_mapping.scalar_type() == at::kLong,
