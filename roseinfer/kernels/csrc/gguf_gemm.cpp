@@ -226,16 +226,17 @@ void tile_rows(int64_t mr, const TileArgs& t) {
 }
 
 // Panels [p0, p1), rows in chunks whose activations stay in L2: per panel, groups of
-// 8 32-blocks are decoded into an L1 buffer, then every row tile of the chunk adds
-// their share into its accumulators (acc [chunk rows][16]).
+// 32-blocks are decoded (8 to int16 in L1, else 32: scales and pointers), then every
+// row tile of the chunk adds their share into its accumulators (acc [chunk rows][16]).
 template <class F>
 void panels_avx2(const GgufPanels& g, const int16_t* xq, const float* dx, const float* sx,
                  const int32_t* xs, int64_t M, int64_t p0, int64_t p1, const float* bias,
                  float* y, int64_t ldy) {
   const int64_t K = g.K, KB = K / 32, BPS = F::E / 32;
-  constexpr int64_t kGroup = 8;  // 32-blocks per decoded group (K % 256 == 0 for K-quants)
-  constexpr int64_t kGroupBytes = kGroup / (F::E / 32) * F::kPanel;
-  DBlock* blk = decode_buffer(kGroup);
+  // 32-blocks per decoded group (multiples of 8: K % 256 == 0 for K-quants): 8 when
+  // decoded to int16 (L1), else 32 (longer runs of each tile's activation rows).
+  constexpr int64_t kWideGroup = 8, kGroupMax = 32;
+  DBlock* blk = decode_buffer(kGroupMax);
   const int64_t mc = std::max<int64_t>(8, (int64_t(1) << 17) / K);
   thread_local std::vector<float> acc_buf;
   if (static_cast<int64_t>(acc_buf.size()) < mc * 16 + 16) acc_buf.resize(mc * 16 + 16);
@@ -250,6 +251,8 @@ void panels_avx2(const GgufPanels& g, const int16_t* xq, const float* dx, const 
     // More than one row tile of a 5- or 6-bit format: decode the integers to int16 once
     // for all of them (the same integers as widening them in registers per tile).
     const bool wide = (F::BITS == 5 || F::BITS == 6) && c1 - c0 > kSmall;
+    const int64_t kGroup = wide ? kWideGroup : kGroupMax;
+    const int64_t kGroupBytes = kGroup / (F::E / 32) * F::kPanel;
     for (int64_t p = p0; p < p1; ++p) {
       const uint8_t* panel = base + p * panel_bytes;
       const int64_t n0 = p * 16, nc = std::min<int64_t>(16, g.N - n0);
