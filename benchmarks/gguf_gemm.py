@@ -1,6 +1,6 @@
 """GEMM throughput of GGUF weights used as stored (kernels/gguf.py) vs the old path (the
 same weights dequantized, then requantized to Q8_0 through make_int8_linear), per
-format at 1B shapes and M = 1, 16, 64; interleaved runs, medians.
+format at 1B shapes and M = 1, 16, 64 (--rows); interleaved runs, medians.
 
     python benchmarks/gguf_gemm.py [--threads 2] [--types Q4_K,Q6_K] [--reps 15]
     python benchmarks/gguf_gemm.py --threads 1 --cpu-time   # steadier on a busy machine
@@ -16,7 +16,6 @@ import numpy as np
 import torch
 
 SHAPES = [(2048, 8192), (8192, 2048), (2048, 2048)]  # (K, N)
-ROWS = [1, 16, 64]
 
 
 def random_raw(qtype: int, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -57,6 +56,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--shapes", default="", help="KxN,KxN (default: the 1B shapes)")
     ap.add_argument("--cpu-time", action="store_true", help="thread CPU time (needs --threads 1)")
+    ap.add_argument("--rows", default="1,16,64", help="M values (rows per step), comma separated")
     args = ap.parse_args()
     assert cpu_kernels_available()
     if args.cpu_time and args.threads != 1:
@@ -75,7 +75,7 @@ def main() -> None:
             old = make_int8_linear(*quantize_int8_blocks(w), None)
             del w
             cells = []
-            for m in ROWS:
+            for m in [int(v) for v in args.rows.split(",")]:
                 x = torch.randn(m, k)
                 old.forward(x), new.forward(x)  # warm up
                 t_old, t_new = [], []

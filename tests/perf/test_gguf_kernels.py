@@ -177,6 +177,8 @@ def test_gguf_linear_is_its_arithmetic(qtype: int) -> None:
     assert torch.equal(bits32(got), bits32(torch.from_numpy(want.astype(np.float32))))
     for rows in (1, 2, 5, 13):
         assert torch.equal(lin.forward_portable(x[:rows]), got[:rows])
+    for rows in (2, 3, 4, 5, 6):  # one register tile (5 bits: up to 4 rows), then decoded blocks
+        assert torch.equal(lin.forward(x[:rows]), got[:rows])
     for r in range(13):
         assert torch.equal(lin.forward(x[r:r + 1].clone()), got[r:r + 1])
     w = torch.from_numpy(gguf.quants.dequantize(raw, qtype).reshape(n, k))

@@ -1,9 +1,9 @@
 // Per-format block decoders of the GGUF GEMM (gguf_gemm.h): one 32-block of a packed
 // panel (gguf_formats.h) -> its 16 columns' integers v = q - offset in the order the
 // int16 GEMM reads them (step k/2, then 2c + k%2) and their fp32 scales D0 / D1 and
-// minimum terms M.  decode_scalar: int8 values; decode_avx2: int16 values (5-bit
-// formats always, Q6_K with `wide`: steps of more than one row tile), else qp points at
-// the panel's bytes, widened in registers by gguf_tiles.h.  Both give the same integers
+// minimum terms M.  decode_scalar: int8 values; decode_avx2: int16 values (5- and 6-bit
+// formats with `wide`: steps of more than one row tile), else qp (and hp) point at the
+// panel's bytes, widened in registers by gguf_tiles.h.  Both give the same integers
 // and floats (integer bit moves; D = d * sc and M = -(dmin * mn) as the same fp32
 // products).
 #pragma once
@@ -15,13 +15,14 @@
 namespace roseinfer {
 
 struct alignas(64) DBlock {
-  int16_t w[512];  // the integers widened to int16 (decode_avx2 with wide, and 5-bit formats)
+  int16_t w[512];  // the integers widened to int16 (decode_avx2 with wide)
   int8_t q[512];   // the integers (decode_scalar; unused by Q8_0, whose qp points at its panel)
   float d0[16], d1[16], m[16];
   // The integers the GEMM reads: q or Q8_0's panel (decode_scalar); decode_avx2: w, or
   // without wide the panel's bytes of a 4-, 6- or 8-bit format (gguf_tiles.h widens them
   // in registers).
   const uint8_t* qp = nullptr;
+  const uint8_t* hp = nullptr;  // 5 bits, decode_avx2 without wide: the panel's bit-4 words
 };
 
 template <class F>
@@ -64,22 +65,29 @@ template <int BITS, int OFF>
 inline void decode_i16(const uint8_t* q, const uint8_t* hi, int16_t* out) {
   if constexpr (BITS == 8) {
     for (int s = 0; s < 16; ++s) store_i16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * s)), out + 32 * s);
-  } else if constexpr (BITS == 4 || BITS == 5) {
+  } else if constexpr (BITS == 4) {
     const __m256i low4 = _mm256_set1_epi8(15), off = _mm256_set1_epi8(static_cast<char>(OFF));
     for (int t = 0; t < 8; ++t) {
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * t));
-      __m256i w[2] = {_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_srli_epi16(v, 4), low4)};
-      if constexpr (BITS == 5) {  // bit u of hi byte 32g + b: bit 4 of step 8g + u
-        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi + 32 * (t / 4)));
-        const int u = (2 * t) % 8;
-        const __m256i bit4 = _mm256_set1_epi8(0x10);
-        const __m256i h0 = u <= 4 ? _mm256_slli_epi16(h, 4 - u) : _mm256_srli_epi16(h, u - 4);
-        const __m256i h1 = u <= 3 ? _mm256_slli_epi16(h, 3 - u) : _mm256_srli_epi16(h, u - 3);
-        w[0] = _mm256_or_si256(w[0], _mm256_and_si256(h0, bit4));
-        w[1] = _mm256_or_si256(w[1], _mm256_and_si256(h1, bit4));
-      }
+      const __m256i w[2] = {_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_srli_epi16(v, 4), low4)};
       for (int i = 0; i < 2; ++i) store_i16(_mm256_sub_epi8(w[i], off), out + 32 * (2 * t + i));
     }
+  } else if constexpr (BITS == 5) {
+    // Per 8-column half P: the nibble bytes widened to the step's 16-bit lanes, bit 4
+    // from the lanes' words (bit t: step 2t, bit 8 + t: step 2t + 1).
+    const __m256i low4 = _mm256_set1_epi16(15), bit4 = _mm256_set1_epi16(16);
+    const __m256i off = _mm256_set1_epi16(OFF);
+    const __m256i r[2] = {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi)),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi + 32))};
+    for (int t = 0; t < 8; ++t)
+      for (int P = 0; P < 2; ++P) {
+        const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 32 * t + 16 * P)));
+        const __m256i h = _mm256_srli_epi16(r[P], t);
+        const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_slli_epi16(h, 4), bit4));
+        const __m256i up = _mm256_or_si256(_mm256_srli_epi16(v, 4), _mm256_and_si256(_mm256_srli_epi16(h, 4), bit4));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(out + 32 * (2 * t) + 16 * P), _mm256_sub_epi16(lo, off));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(out + 32 * (2 * t + 1) + 16 * P), _mm256_sub_epi16(up, off));
+      }
   } else {
     static_assert(BITS == 6, "8, 4, 5 or 6 bits");
     // Per 16-value half h and 8-column half P: three words per lane (gguf_formats.h).
@@ -122,15 +130,17 @@ inline void scale16(const float* d, __m128i v, float* out, bool negate = false) 
 }
 
 // wide: every format's integers decoded to int16 (o.w) for tiles that read them as
-// they are; else 4-, 6- and 8-bit values stay in the panel (widened in registers).
+// they are; else the values stay in the panel (widened in registers).
 template <class F>
 inline void decode_avx2(const uint8_t* psb, int jj, DBlock& o, bool wide) {
   constexpr int64_t kIntBytes = F::BITS == 8 ? 512 : F::BITS == 6 ? 384 : 256;
-  if (wide || F::BITS == 5) {
-    decode_i16<F::BITS, F::OFFSET>(psb + jj * kIntBytes, psb + F::Ints::kNib + jj * F::Ints::kHiPer, o.w);
+  const uint8_t* hi = psb + F::Ints::kNib + jj * F::Ints::kHiPer;
+  if (wide) {
+    decode_i16<F::BITS, F::OFFSET>(psb + jj * kIntBytes, hi, o.w);
     o.qp = reinterpret_cast<const uint8_t*>(o.w);
   } else {
     o.qp = psb + jj * kIntBytes;
+    o.hp = hi;
   }
   const uint8_t* sp = psb + F::kScaleOff;
   if constexpr (F::kType == kQ4_K || F::kType == kQ5_K) {

@@ -24,8 +24,10 @@
 //   8 bits (Q8_0): 512 bytes per block, the int8 values;
 //   4 bits: 256 bytes per block: byte 32t + b holds I8 byte b of step 2t (low nibble)
 //           and of step 2t+1 (high nibble);
-//   5 bits: the nibbles of every block, then 64 bytes per block: bit u of byte 32g + b =
-//           bit 4 of I8 byte b of step 8g + u;
+//   5 bits: the nibbles of every block, then 64 bytes per block: per I8 byte b one
+//           16-bit word at 32 (b / 16) + 2 (b % 16) (the lanes of a step's widened
+//           half) whose bit t / 8 + t holds bit 4 of step 2t / 2t + 1 (t = 0..7: one
+//           running shift gives both steps of a pair, gguf_tiles.h);
 //   6 bits (Q6_K): 384 bytes per block, per 16-value half h and 8-column half P (I8
 //           bytes b = 16P + L) three 16-bit words w0..w2 per lane L at 192h + 96P +
 //           32i + 2L holding the unsigned q of steps 8h + t (t = 0..7) of I8 byte b:
@@ -95,6 +97,8 @@ struct IntLayout {
   static int64_t at6(int j, int s, int b, int w) {
     return j * 384 + (s / 8) * 192 + (b / 16) * 96 + w * 32 + 2 * (b % 16);
   }
+  // 5 bits: the byte holding bit 4 of step s of I8 byte b (bit s / 2 of it).
+  static int64_t hi5(int j, int s, int b) { return kNib + j * 64 + 32 * (b / 16) + 2 * (b % 16) + s % 2; }
   static int word6(const uint8_t* r, int j, int s, int b, int w) {
     return r[at6(j, s, b, w)] | (r[at6(j, s, b, w) + 1] << 8);
   }
@@ -116,8 +120,7 @@ struct IntLayout {
       }
     } else {
       r[j * 256 + (s / 2) * 32 + b] |= static_cast<uint8_t>((v & 15) << ((s & 1) * 4));
-      if constexpr (BITS == 5)
-        r[kNib + j * 64 + (s / 8) * 32 + b] |= static_cast<uint8_t>(((v >> 4) & 1) << (s % 8));
+      if constexpr (BITS == 5) r[hi5(j, s, b)] |= static_cast<uint8_t>(((v >> 4) & 1) << (s / 2));
     }
   }
   static int get(const uint8_t* r, int c, int e) {
@@ -130,7 +133,7 @@ struct IntLayout {
       return ((word6(r, j, s, b, kW6[t]) >> 6) & 15) | (((word6(r, j, s, b, 2) >> (t == 6 ? 6 : 8)) & 3) << 4);
     } else {
       int v = (r[j * 256 + (s / 2) * 32 + b] >> ((s & 1) * 4)) & 15;
-      if constexpr (BITS == 5) v |= ((r[kNib + j * 64 + (s / 8) * 32 + b] >> (s % 8)) & 1) << 4;
+      if constexpr (BITS == 5) v |= ((r[hi5(j, s, b)] >> (s / 2)) & 1) << 4;
       return v;
     }
   }

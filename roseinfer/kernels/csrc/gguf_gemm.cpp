@@ -89,13 +89,13 @@ inline void scale_min_add(float* acc, const __m256i (&a)[MR][2], const float* dx
 }
 
 // One row tile's share of a decoded group: rows [0, MR) of xq (stride K), dx, sx (stride
-// K/32) and so (stride K/16) x decoded blocks [j0, j0 + nb) into acc [MR][16].  wide:
+// K/32) and xs (stride K/16) x decoded blocks [j0, j0 + nb) into acc [MR][16].  wide:
 // the blocks' integers are int16 (decode_avx2).  pf: bytes to prefetch, pf_step per
 // block (the first tile of a group streams the next group's bytes in).
 struct TileArgs {
   const int16_t* xq;
   const float *dx, *sx;
-  const int32_t* so;
+  const int32_t* xs;  // exact sums of each 16 activations (the offsets' start)
   int64_t K;
   const DBlock* blk;
   int64_t j0, nb;
@@ -111,32 +111,47 @@ inline void prefetch_share(const uint8_t* pf, int64_t step, int64_t b) {
     _mm_prefetch(reinterpret_cast<const char*>(pf + i), _MM_HINT_T0);
 }
 
-// Q6_K: per 16-value half, the dots with q - 32 (wide: decoded as such; else the dots
-// with the unsigned q minus so, 32 * the half's activation sum: the same integers), then
-// scaled.
-// acc[m] += float(a[m][h]) * (dx * d) for the 16 columns (h: one 16-value half).
+// Q6_K, both 16-value halves in one pass over the accumulators: acc[m] += float(h0[m])
+// * (dx * D0), then += float(h1[m]) * (dx * D1), 16 columns.
 template <int MR>
-inline void q6k_scale(float* acc, const __m256i (&a)[MR][2], const float* dx, int64_t KB,
-                      int64_t j, const float* d) {
-  const __m256 d0 = _mm256_loadu_ps(d), d1 = _mm256_loadu_ps(d + 8);
+inline void q6k_scale(float* acc, const __m256i (&h0)[MR][2], const __m256i (&h1)[MR][2],
+                      const float* dx, int64_t KB, int64_t j, const float* d0, const float* d1) {
+  const __m256 d00 = _mm256_loadu_ps(d0), d01 = _mm256_loadu_ps(d0 + 8);
+  const __m256 d10 = _mm256_loadu_ps(d1), d11 = _mm256_loadu_ps(d1 + 8);
   for (int m = 0; m < MR; ++m) {
     const __m256 sc = _mm256_set1_ps(dx[m * KB + j]);
     float* ar = acc + m * 16;
-    const __m256 i0 = _mm256_cvtepi32_ps(a[m][0]), i1 = _mm256_cvtepi32_ps(a[m][1]);
-    _mm256_store_ps(ar, _mm256_fmadd_ps(i0, _mm256_mul_ps(sc, d0), _mm256_load_ps(ar)));
-    _mm256_store_ps(ar + 8, _mm256_fmadd_ps(i1, _mm256_mul_ps(sc, d1), _mm256_load_ps(ar + 8)));
+    __m256 r0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h0[m][0]), _mm256_mul_ps(sc, d00), _mm256_load_ps(ar));
+    __m256 r1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h0[m][1]), _mm256_mul_ps(sc, d01), _mm256_load_ps(ar + 8));
+    r0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h1[m][0]), _mm256_mul_ps(sc, d10), r0);
+    r1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h1[m][1]), _mm256_mul_ps(sc, d11), r1);
+    _mm256_store_ps(ar, r0);
+    _mm256_store_ps(ar + 8, r1);
+  }
+}
+
+// Accumulators' start: -off * the exact sum of the activations of rows [0, MR) over the
+// 16-value groups [g, g + n) of xs (stride KH): the dot with q then is the dot with q - off.
+template <int MR>
+inline void start_at(__m256i (&a)[MR][2], const int32_t* xs, int64_t KH, int64_t g, int n,
+                     int32_t off) {
+  for (int m = 0; m < MR; ++m) {
+    int32_t t = 0;
+    if (off)
+      for (int i = 0; i < n; ++i) t += xs[m * KH + g + i];
+    a[m][0] = a[m][1] = _mm256_set1_epi32(-off * t);
   }
 }
 
 // Q6_K: per 16-value half, the dots with q - 32 (wide: decoded as such; else the dots
-// with the unsigned q minus so, 32 * the half's activation sum: the same integers), then
+// with the unsigned q from -32 * the half's activation sum: the same integers), then
 // scaled.
 template <int MR>
 void tile_q6k(const TileArgs& t) {
   // Locals, not t's fields: the asm's memory clobber would reload those every block.
   const int16_t* const xq = t.xq;
   const float* const dx = t.dx;
-  const int32_t* const so = t.so;
+  const int32_t* const xs = t.xs;
   const int64_t K = t.K, KB = K / 32, KH = K / 16, j0 = t.j0, nb = t.nb;
   const DBlock* const blk = t.blk;
   float* const acc = t.acc;
@@ -147,22 +162,15 @@ void tile_q6k(const TileArgs& t) {
     prefetch_share(pf, pf_step, b);
     const int64_t j = j0 + b;
     const DBlock& o = blk[b];
+    __m256i a[2][MR][2];
     for (int h = 0; h < 2; ++h) {
       const int16_t* xr[MR];
       for (int m = 0; m < MR; ++m) xr[m] = xq + m * K + j * 32 + 16 * h;
-      __m256i a[MR][2];
-      if (wide) {
-        steps_int<MR, 8, Head::I16>(xr, o.qp + 512 * h, a);
-      } else {
-        q6k_half<MR>(xr, o.qp + 192 * h, a);
-        for (int m = 0; m < MR; ++m) {
-          const __m256i off = _mm256_set1_epi32(so[m * KH + 2 * j + h]);
-          a[m][0] = _mm256_sub_epi32(a[m][0], off);
-          a[m][1] = _mm256_sub_epi32(a[m][1], off);
-        }
-      }
-      q6k_scale<MR>(acc, a, dx, KB, j, h ? o.d1 : o.d0);
+      start_at<MR>(a[h], xs, KH, 2 * j + h, 1, wide ? 0 : 32);
+      if (wide) steps_int<MR, 8, Head::I16>(xr, o.qp + 512 * h, a[h]);
+      else q6k_half<MR>(xr, o.qp + 192 * h, a[h]);
     }
+    q6k_scale<MR>(acc, a[0], a[1], dx, KB, j, o.d0, o.d1);
   }
 }
 
@@ -173,13 +181,12 @@ void tile_blocks(const TileArgs& t) {
   } else {
     const int64_t KB = t.K / 32;
     static_assert(F::HALVES == 1, "two scales per 32-block: Q6_K only");
-    // wide and 5-bit formats: decoded int16 blocks; else Q8_0 and the 4-bit formats
-    // read their packed weights.
-    constexpr Head kHead = F::BITS == 8   ? Head::I8
-                           : F::BITS == 4 ? (F::OFFSET == 8 ? Head::NIB_OFF8 : Head::NIB)
-                                          : Head::I16;
+    // wide: decoded int16 blocks (q - offset); else every format reads its packed
+    // weights (5 bits: at most 4 rows, panels_avx2), q - offset from the start.
+    constexpr Head kHead = F::BITS == 8 ? Head::I8 : Head::NIB;
     const int16_t* const xq = t.xq;  // locals: see tile_q6k
     const float *const dx = t.dx, *const sx = t.sx;
+    const int32_t* const xs = t.xs;
     const int64_t K = t.K, j0 = t.j0, nb = t.nb;
     const DBlock* const blk = t.blk;
     float* const acc = t.acc;
@@ -193,8 +200,14 @@ void tile_blocks(const TileArgs& t) {
       const int16_t* xr[MR];
       for (int m = 0; m < MR; ++m) xr[m] = xq + m * K + j * 32;
       __m256i a[MR][2];
-      if (wide) steps_int<MR, 16, Head::I16>(xr, o.qp, a);
-      else steps_int<MR, 16, kHead>(xr, o.qp, a);
+      start_at<MR>(a, xs, K / 16, 2 * j, 2, wide ? 0 : F::OFFSET);
+      if (wide) {
+        steps_int<MR, 16, Head::I16>(xr, o.qp, a);
+      } else if constexpr (F::BITS == 5) {
+        if constexpr (MR <= 4) steps_q5<MR>(xr, o.qp, o.hp, a);
+      } else {
+        steps_int<MR, 16, kHead>(xr, o.qp, a);
+      }
       if constexpr (F::kMin) scale_min_add<MR>(acc, a, dx, sx, KB, j, o.d0, o.m);
       else scale_add<MR>(acc, a, dx, KB, j, o.d0);
     }
@@ -213,27 +226,33 @@ void tile_rows(int64_t mr, const TileArgs& t) {
 }
 
 // Panels [p0, p1), rows in chunks whose activations stay in L2: per panel, groups of
-// 8 32-blocks are decoded into an L1 buffer, then every row tile of the chunk adds
-// their share into its accumulators (acc [chunk rows][16]).
+// 32-blocks are decoded (8 to int16 in L1, else 32: scales and pointers), then every
+// row tile of the chunk adds their share into its accumulators (acc [chunk rows][16]).
 template <class F>
 void panels_avx2(const GgufPanels& g, const int16_t* xq, const float* dx, const float* sx,
-                 const int32_t* so, int64_t M, int64_t p0, int64_t p1, const float* bias,
+                 const int32_t* xs, int64_t M, int64_t p0, int64_t p1, const float* bias,
                  float* y, int64_t ldy) {
   const int64_t K = g.K, KB = K / 32, BPS = F::E / 32;
-  constexpr int64_t kGroup = 8;  // 32-blocks per decoded group (K % 256 == 0 for K-quants)
-  constexpr int64_t kGroupBytes = kGroup / (F::E / 32) * F::kPanel;
-  DBlock* blk = decode_buffer(kGroup);
+  // 32-blocks per decoded group (multiples of 8: K % 256 == 0 for K-quants): 8 when
+  // decoded to int16 (L1), else 32 (longer runs of each tile's activation rows).
+  constexpr int64_t kWideGroup = 8, kGroupMax = 32;
+  DBlock* blk = decode_buffer(kGroupMax);
   const int64_t mc = std::max<int64_t>(8, (int64_t(1) << 17) / K);
   thread_local std::vector<float> acc_buf;
   if (static_cast<int64_t>(acc_buf.size()) < mc * 16 + 16) acc_buf.resize(mc * 16 + 16);
   float* acc = acc_buf.data() + (16 - reinterpret_cast<uintptr_t>(acc_buf.data()) % 64 / 4) % 16;
   const uint8_t* base = g.packed.data_ptr<uint8_t>();
   const int64_t panel_bytes = K / F::E * F::kPanel;
+  // 5 bits in registers: tiles of up to 4 rows (two registers hold the running bit-4
+  // words).
+  constexpr int64_t kSmall = F::BITS == 5 ? kMaxSmallRows - 1 : kMaxSmallRows;
   for (int64_t c0 = 0; c0 < M; c0 += mc) {
     const int64_t c1 = std::min(M, c0 + mc);
-    // More than one row tile: decode the integers to int16 once for all of them (the
-    // same integers as widening them in registers per tile).
-    const bool wide = F::BITS == 6 && c1 - c0 > kMaxSmallRows;
+    // More than one row tile of a 5- or 6-bit format: decode the integers to int16 once
+    // for all of them (the same integers as widening them in registers per tile).
+    const bool wide = (F::BITS == 5 || F::BITS == 6) && c1 - c0 > kSmall;
+    const int64_t kGroup = wide ? kWideGroup : kGroupMax;
+    const int64_t kGroupBytes = kGroup / (F::E / 32) * F::kPanel;
     for (int64_t p = p0; p < p1; ++p) {
       const uint8_t* panel = base + p * panel_bytes;
       const int64_t n0 = p * 16, nc = std::min<int64_t>(16, g.N - n0);
@@ -247,8 +266,8 @@ void panels_avx2(const GgufPanels& g, const int16_t* xq, const float* dx, const 
         // The next group's bytes (the next panel's after the last group), spread over
         // the first tile's blocks.
         const uint8_t* next = panel + (j0 / BPS) * F::kPanel + kGroupBytes;
-        for_row_tiles(c0, c1, kMaxSmallRows, [&](int64_t m, int64_t mr) {
-          const TileArgs t{xq + m * K, dx + m * KB, sx + m * KB, so ? so + m * (K / 16) : nullptr,
+        for_row_tiles(c0, c1, wide ? kMaxSmallRows : kSmall, [&](int64_t m, int64_t mr) {
+          const TileArgs t{xq + m * K, dx + m * KB, sx + m * KB, xs ? xs + m * (K / 16) : nullptr,
                            K, blk, j0, nb, acc + (m - c0) * 16, wide, m == c0 ? next : nullptr,
                            (kGroupBytes / nb + 63) / 64 * 64};
           tile_rows<F>(mr, t);
@@ -265,19 +284,20 @@ void run_format(const GgufPanels& g, const int16_t* xq, const float* dx, const f
                 int64_t M, const float* bias, float* y, int64_t ldy, bool portable) {
   const int64_t NP = (g.N + 15) / 16;
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 17) / (M * g.K * 16));
-  // Q6_K (AVX2): 32 * each 16 activations' exact sum, taken from the dots with q.
-  std::vector<int32_t> so;
-  if (F::BITS == 6 && !portable) {
-    so.resize(M * (g.K / 16));
+  // AVX2, formats with an offset: each 16 activations' exact sum (the accumulators
+  // start at -offset * the block's: the dots with q - offset from those with q).
+  std::vector<int32_t> xs;
+  if (F::OFFSET != 0 && !portable) {
+    xs.resize(M * (g.K / 16));
     for (int64_t i = 0; i < M * (g.K / 16); ++i) {
       int32_t t = 0;
       for (int k = 0; k < 16; ++k) t += xq[i * 16 + k];
-      so[i] = 32 * t;
+      xs[i] = t;
     }
   }
   at::parallel_for(0, NP, grain, [&](int64_t p0, int64_t p1) {
 #ifdef ROSEINFER_AVX2
-    if (!portable) return panels_avx2<F>(g, xq, dx, sx, so.empty() ? nullptr : so.data(), M, p0, p1, bias, y, ldy);
+    if (!portable) return panels_avx2<F>(g, xq, dx, sx, xs.empty() ? nullptr : xs.data(), M, p0, p1, bias, y, ldy);
 #endif
     panels_scalar<F>(g, xq, dx, sx, M, p0, p1, bias, y, ldy);
   });

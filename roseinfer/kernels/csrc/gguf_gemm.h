@@ -16,14 +16,15 @@
 // (q8_gemm.h, nibbles; int8 activations for act8 layers), F16 / BF16 the fp32-math panel
 // GEMM (panel_gemm.h).
 // Execution: output panels of 16 columns split over the threads, rows in chunks whose
-// activations stay in L2; per panel, groups of 8 32-blocks are decoded (gguf_decode.h:
-// the scales D / M as fp32; 5-bit values, and Q6_K's when the chunk has more than one
-// row tile, into int16 in the GEMM's order, in L1; the other formats' values are read
-// from the panel itself), then every row tile of up to 5 rows runs one inline-asm loop
-// over them (gguf_tiles.h: two steps per iteration, 4-bit values widened and split in
-// registers; Q6_K's unsigned q, for one row tile, widened from its 16-bit words per
-// 16-value half, whose dot minus 32 * the half's activation sum, precomputed per row, is
-// the exact dot with q - 32); the first tile prefetches the next group's bytes.  Which
+// activations stay in L2; per panel, groups of 32-blocks (8 when decoded to int16, else
+// 32) are decoded (gguf_decode.h: the scales D / M as fp32; 5- and 6-bit values, when
+// the chunk has more than one row tile, into int16 in the GEMM's order, in L1; else the
+// values are read from the panel itself), then every row tile of up to 5 rows (5 bits in registers: 4) runs one
+// inline-asm loop over them (gguf_tiles.h: two steps per iteration, 4- and 5-bit values
+// widened and split in registers; Q6_K's unsigned q widened from its 16-bit words per
+// 16-value half; an offset read as unsigned q starts the integer sums at -offset * the
+// activations' exact sum, precomputed per row and 16 values: the exact dot with
+// q - offset); the first tile prefetches the next group's bytes.  Which
 // loop reads a block changes only where its integers come from, never their values or
 // the fp32 operations, so a row's result never depends on M.
 #pragma once

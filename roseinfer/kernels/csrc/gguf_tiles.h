@@ -5,7 +5,9 @@
 // format's loop, q8_gemm.cpp).  Heads: int16 values of decoded blocks (gguf_decode.h),
 // Q8_0's packed int8 values, or 4-bit values straight from a packed panel
 // (gguf_formats.h: byte i of a 32-byte group holds byte i of two steps), widened and
-// split in registers (Q4_0: minus 8).  The caller prefetches (gguf_gemm.cpp).
+// split in registers (5 bits: with bit 4 from running words, up to 4 rows); an offset
+// (q - 8, q - 16, q - 32) is the accumulators' start, -offset * the activations' sum.
+// The caller prefetches (gguf_gemm.cpp).
 #pragma once
 
 #include "common.h"
@@ -13,7 +15,7 @@
 namespace roseinfer {
 
 #ifdef ROSEINFER_AVX2
-enum class Head { I8, NIB, NIB_OFF8, I16 };
+enum class Head { I8, NIB, I16 };
 
 #define GG_H8                                                                             \
   "1:\n\tvpmovsxbw (%[w]), %%ymm12\n\tvpmovsxbw 16(%[w]), %%ymm13\n\t"              \
@@ -21,13 +23,24 @@ enum class Head { I8, NIB, NIB_OFF8, I16 };
 #define GG_H16                                                                            \
   "1:\n\tvmovdqa (%[w]), %%ymm12\n\tvmovdqa 32(%[w]), %%ymm13\n\t"                          \
   "vmovdqa 64(%[w]), %%ymm10\n\tvmovdqa 96(%[w]), %%ymm11\n\t"
-#define GG_H4(OFF)                                                                        \
-  "1:\n\tvpmovzxbw (%[w]), %%ymm12\n\tvpmovzxbw 16(%[w]), %%ymm13\n\t" \
+#define GG_H4                                                                             \
+  "1:\n\tvpmovzxbw (%[w]), %%ymm12\n\tvpmovzxbw 16(%[w]), %%ymm13\n\t"                     \
   "vpsrlw $4, %%ymm12, %%ymm10\n\tvpsrlw $4, %%ymm13, %%ymm11\n\t"                        \
-  "vpand (%[c]), %%ymm12, %%ymm12\n\tvpand (%[c]), %%ymm13, %%ymm13\n\t" OFF
-#define GG_OFF8                                                                           \
-  "vpsubw 32(%[c]), %%ymm12, %%ymm12\n\tvpsubw 32(%[c]), %%ymm13, %%ymm13\n\t"              \
-  "vpsubw 32(%[c]), %%ymm10, %%ymm10\n\tvpsubw 32(%[c]), %%ymm11, %%ymm11\n\t"
+  "vpand (%[c]), %%ymm12, %%ymm12\n\tvpand (%[c]), %%ymm13, %%ymm13\n\t"
+// 5 bits: the 4-bit head, plus bit 4 of both steps from the running words g0 / g1
+// (gguf_formats.h: bit 0 of g: the even step, bit 8: the odd one, shifted right once per
+// iteration): the odd step's bit joins the byte before its >> 4, the even's is placed by
+// << 4.
+#define GG_H5                                                                             \
+  "1:\n\tvpmovzxbw (%[w]), %%ymm12\n\tvpmovzxbw 16(%[w]), %%ymm13\n\t"                     \
+  "vpand 32(%[c]), %[g0], %%ymm14\n\tvpand 32(%[c]), %[g1], %%ymm15\n\t"                    \
+  "vpor %%ymm14, %%ymm12, %%ymm12\n\tvpor %%ymm15, %%ymm13, %%ymm13\n\t"                    \
+  "vpsrlw $4, %%ymm12, %%ymm10\n\tvpsrlw $4, %%ymm13, %%ymm11\n\t"                        \
+  "vpsllw $4, %[g0], %%ymm14\n\tvpsllw $4, %[g1], %%ymm15\n\t"                            \
+  "vpand 64(%[c]), %%ymm14, %%ymm14\n\tvpand 64(%[c]), %%ymm15, %%ymm15\n\t"              \
+  "vpand (%[c]), %%ymm12, %%ymm12\n\tvpand (%[c]), %%ymm13, %%ymm13\n\t"                  \
+  "vpor %%ymm14, %%ymm12, %%ymm12\n\tvpor %%ymm15, %%ymm13, %%ymm13\n\t"                  \
+  "vpsrlw $1, %[g0], %[g0]\n\tvpsrlw $1, %[g1], %[g1]\n\t"
 #define GG_ROW(m)                                   \
   "vpbroadcastd (%[x" #m "],%[s]), %%ymm14\n\t"     \
   "vpmaddwd %%ymm12, %%ymm14, %%ymm15\n\t"          \
@@ -66,48 +79,79 @@ enum class Head { I8, NIB, NIB_OFF8, I16 };
                    [x4] "r"(xr[4]), GG_CONST GG_CLOBBER);                                 \
   }
 
-// a[m][0 / 1] = the exact int32 dots of rows m's STEPS * 2 activations (xr[m]) with
-// columns 0-7 / 8-15 of the values at q (STEPS = 8 or 16).
+// Masks of the 4- and 5-bit heads (int16 lanes): 15, 0x100, 16.
+alignas(32) inline const int16_t kNibMasks[48] = {
+    15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15,
+    256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256,
+    16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16};
+
+// a[m][0 / 1] += the exact int32 dots of rows m's STEPS * 2 activations (xr[m]) with
+// columns 0-7 / 8-15 of the values at q (STEPS = 8 or 16); a holds the caller's start
+// (zero, or minus offset * the activations' sum: the dot with q - offset).
 template <int MR, int STEPS, Head H>
 inline void steps_int(const int16_t* const* xr, const uint8_t* q, __m256i (&a)[MR][2]) {
   int64_t s = 0;
   const uint8_t* wp = q;
-  alignas(32) static const int16_t kConsts[32] = {15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15,
-                                                  15, 15, 15, 15, 15, 8, 8, 8, 8, 8, 8, 8, 8,
-                                                  8, 8, 8, 8, 8, 8, 8, 8};  // masks, offsets
-  const int16_t* consts = kConsts;
-  for (int m = 0; m < MR; ++m) a[m][0] = a[m][1] = _mm256_setzero_si256();
+  const int16_t* consts = kNibMasks;
 #define GG_B16(ROWS) GG_H16 ROWS GG_TAIL("128", END)
 #define GG_B8(ROWS) GG_H8 ROWS GG_TAIL("64", END)
-#define GG_B4(ROWS) GG_H4("") ROWS GG_TAIL("32", END)
-#define GG_B4O(ROWS) GG_H4(GG_OFF8) ROWS GG_TAIL("32", END)
+#define GG_B4(ROWS) GG_H4 ROWS GG_TAIL("32", END)
   if constexpr (STEPS == 16) {
 #define END "64"
     if constexpr (H == Head::I16) { GG_ASM(GG_B16) }
     else if constexpr (H == Head::I8) { GG_ASM(GG_B8) }
-    else if constexpr (H == Head::NIB) { GG_ASM(GG_B4) }
-    else { GG_ASM(GG_B4O) }
+    else { GG_ASM(GG_B4) }
 #undef END
   } else {
     static_assert(STEPS == 8, "8 or 16 steps");
 #define END "32"
     if constexpr (H == Head::I16) { GG_ASM(GG_B16) }
     else if constexpr (H == Head::I8) { GG_ASM(GG_B8) }
-    else if constexpr (H == Head::NIB) { GG_ASM(GG_B4) }
-    else { GG_ASM(GG_B4O) }
+    else { GG_ASM(GG_B4) }
 #undef END
   }
 #undef GG_B16
 #undef GG_B8
 #undef GG_B4
-#undef GG_B4O
+}
+
+// The 5-bit formats' 32-block (16 steps) for MR <= 4 rows straight from a packed panel:
+// nibbles at q, bit-4 words at hp (two running words take two registers: at most 4
+// rows).  a as in steps_int (unsigned q).
+template <int MR>
+inline void steps_q5(const int16_t* const* xr, const uint8_t* q, const uint8_t* hp,
+                     __m256i (&a)[MR][2]) {
+  static_assert(MR >= 1 && MR <= 4, "5-bit tiles in registers: 1..4 rows");
+  int64_t s = 0;
+  const uint8_t* wp = q;
+  const int16_t* consts = kNibMasks;
+  __m256i g0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hp));
+  __m256i g1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hp + 32));
+#define GG_B5(ROWS) GG_H5 ROWS GG_TAIL("32", "64")
+#define GG_G [g0] "+x"(g0), [g1] "+x"(g1)
+  if constexpr (MR == 1) {
+    asm volatile(GG_B5(GG_ROW(0)) GG_OUT_IN(GG_ACC(0), GG_G) : [x0] "r"(xr[0]), GG_CONST GG_CLOBBER);
+  } else if constexpr (MR == 2) {
+    asm volatile(GG_B5(GG_ROW(0) GG_ROW(1)) GG_OUT_IN(GG_ACC(0), GG_ACC(1), GG_G)
+                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), GG_CONST GG_CLOBBER);
+  } else if constexpr (MR == 3) {
+    asm volatile(GG_B5(GG_ROW(0) GG_ROW(1) GG_ROW(2)) GG_OUT_IN(GG_ACC(0), GG_ACC(1), GG_ACC(2), GG_G)
+                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), [x2] "r"(xr[2]), GG_CONST GG_CLOBBER);
+  } else {
+    asm volatile(GG_B5(GG_ROW(0) GG_ROW(1) GG_ROW(2) GG_ROW(3))
+                 GG_OUT_IN(GG_ACC(0), GG_ACC(1), GG_ACC(2), GG_ACC(3), GG_G)
+                 : [x0] "r"(xr[0]), [x1] "r"(xr[1]), [x2] "r"(xr[2]), [x3] "r"(xr[3]),
+                   GG_CONST GG_CLOBBER);
+  }
+#undef GG_B5
+#undef GG_G
 }
 
 // Q6_K: a 16-value half (8 steps) of one 32-block for MR rows x 16 columns from the
 // panel's words at w (gguf_formats.h, 6 bits: 192 bytes): per step and 8-column half,
 // the unsigned q widened in registers (steps 0-5: one load and one AND / shift, three
-// iterations of two steps; then 6-7: two of each and an OR), the rows as in steps_int.  a: the exact dots
-// with q (the caller subtracts 32 * the activations' sum: q - 32).
+// iterations of two steps; then 6-7: two of each and an OR), the rows as in steps_int.  a: plus
+// the exact dots with q (the caller starts it at -32 * the activations' sum: q - 32).
 #define Q6_LO(O, R) "vmovdqu " O "(%[w]), %%ymm" R "\n\tvpand (%[c]), %%ymm" R ", %%ymm" R "\n\t"
 #define Q6_HI(O, R) "vmovdqu " O "(%[w]), %%ymm" R "\n\tvpsrlw $10, %%ymm" R ", %%ymm" R "\n\t"
 #define Q6_MID(O, O2, SH, R)                                                              \
@@ -130,7 +174,6 @@ inline void q6k_half(const int16_t* const* xr, const uint8_t* q, __m256i (&a)[MR
       15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15,
       48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48};
   const int16_t* consts = kMasks;
-  for (int m = 0; m < MR; ++m) a[m][0] = a[m][1] = _mm256_setzero_si256();
   GG_ASM(Q6_BODY)
 }
 #undef Q6_LO
@@ -140,7 +183,7 @@ inline void q6k_half(const int16_t* const* xr, const uint8_t* q, __m256i (&a)[MR
 
 #undef GG_H8
 #undef GG_H4
-#undef GG_OFF8
+#undef GG_H5
 #undef GG_ROW
 #undef GG_TAIL
 #undef GG_ACC
