@@ -43,6 +43,13 @@ TORCH_LIBRARY(roseinfer, m) {
       .def("out_features", [](const c10::intrusive_ptr<roseinfer::Linear>& self) {
         return self->out_features;
       });
+  // LoRA classes first: LlamaStack.forward_lora takes a LoraStep.
+  m.class_<roseinfer::LoraAdapter>("LoraAdapter")
+      .def(torch::init<at::Tensor, at::Tensor, int64_t>());
+  m.class_<roseinfer::LoraStep>("LoraStep")
+      .def(torch::init<bool>())
+      .def("add", &roseinfer::LoraStep::add)
+      .def("apply", &roseinfer::LoraStep::apply_op);
   m.class_<roseinfer::LlamaStack>("LlamaStack")
       .def(torch::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, at::Tensor>())
       .def("add_layer", &roseinfer::LlamaStack::add_layer)
@@ -51,12 +58,6 @@ TORCH_LIBRARY(roseinfer, m) {
       .def("profile", &roseinfer::LlamaStack::profile)
       .def("forward", &roseinfer::LlamaStack::forward)
       .def("forward_lora", &roseinfer::LlamaStack::forward_lora);
-  m.class_<roseinfer::LoraAdapter>("LoraAdapter")
-      .def(torch::init<at::Tensor, at::Tensor, int64_t>());
-  m.class_<roseinfer::LoraStep>("LoraStep")
-      .def(torch::init<bool>())
-      .def("add", &roseinfer::LoraStep::add)
-      .def("apply", &roseinfer::LoraStep::apply_op);
   m.def(
       "paged_attention(Tensor q, Tensor kv_cache, Tensor block_tables, Tensor token_seq, "
       "Tensor token_lens, int block_size, float scale) -> Tensor");

@@ -194,8 +194,8 @@ LoraAdapter::LoraAdapter(at::Tensor buffer_, at::Tensor plan, int64_t num_layers
   }
 }
 
-void lora_fill(at::Tensor buffer, std::vector<at::Tensor> a_src, std::vector<at::Tensor> b_src,
-               std::vector<double> scalings, at::Tensor plan) {
+void lora_fill(at::Tensor buffer, at::TensorList a_src, at::TensorList b_src,
+               at::ArrayRef<double> scalings, at::Tensor plan) {
   TORCH_CHECK(buffer.scalar_type() == at::kFloat && buffer.dim() == 1 && buffer.is_contiguous(),
               "lora_fill: buffer must be a contiguous 1-D float32 tensor");
   TORCH_CHECK(plan.scalar_type() == at::kLong && plan.dim() == 2 && plan.size(1) == kPlanCols,

@@ -64,7 +64,7 @@ struct LoraStep : torch::CustomClassHolder {
 // part): part i's A [r, K] (a_src[i]) copied to A rows [r0, r1), its B [n, r] (b_src[i])
 // transposed and times scalings[i] into Bt.  Sources: any float dtype, e.g. views of a
 // mapped safetensors file; one call per adapter (no per-module Python).
-void lora_fill(at::Tensor buffer, std::vector<at::Tensor> a_src, std::vector<at::Tensor> b_src,
-               std::vector<double> scalings, at::Tensor plan);
+void lora_fill(at::Tensor buffer, at::TensorList a_src, at::TensorList b_src,
+               at::ArrayRef<double> scalings, at::Tensor plan);
 
 }  // namespace roseinfer
