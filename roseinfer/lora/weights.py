@@ -50,18 +50,42 @@ class LowRank:
 
 @dataclass
 class LoadedAdapter:
-    """A resident adapter: ``layers[i][fused name]`` -> its LowRank (absent: no delta);
-    ``kernel``: the C++ ``LoraAdapter`` over the same buffer (None without kernels)."""
+    """A resident adapter: ``buffer`` laid out by ``plan`` (int64 [P, 11]); ``kernel``:
+    the C++ ``LoraAdapter`` over it (None without kernels); ``layers[i][fused name]`` ->
+    its LowRank (absent: no delta) for the PyTorch path, built on first use."""
 
     lora_int_id: int
     name: str
-    layers: list[dict[str, LowRank]]
-    buffer: Tensor  # float32 [n]: every A and Bt of ``layers`` is a view of it
+    buffer: Tensor  # float32 [n]: every A and Bt is a view of it
+    plan: list[list[int]]
+    num_layers: int
     kernel: object | None = None
+    _layers: list[dict[str, LowRank]] | None = None
 
     @property
     def nbytes(self) -> int:
         return self.buffer.numel() * 4
+
+    @property
+    def layers(self) -> list[dict[str, LowRank]]:
+        if self._layers is None:
+            self._layers = _low_ranks(self.buffer, self.plan, self.num_layers)
+        return self._layers
+
+
+def _low_ranks(buffer: Tensor, plan: list[list[int]], num_layers: int
+               ) -> list[dict[str, LowRank]]:
+    """Per layer, the LowRank views of ``buffer`` that ``plan`` describes."""
+    layers: list[dict[str, LowRank]] = [{} for _ in range(num_layers)]
+    fused_names = list(FUSED)
+    for layer, which, a_off, r_total, k, _, r0, r1, n0, n1, bt_off in plan:
+        low_rank = layers[layer].get(fused_names[which])
+        if low_rank is None:
+            a = buffer[a_off:a_off + r_total * k].view(r_total, k)  # [R, K]
+            low_rank = layers[layer][fused_names[which]] = LowRank(a, [])
+        bt = buffer[bt_off:bt_off + (r1 - r0) * (n1 - n0)].view(r1 - r0, n1 - n0)  # [r, n]
+        low_rank.parts.append((r0, r1, n0, n1, bt))
+    return layers
 
 
 def _plan(tensors: dict[tuple[int, str], tuple[Tensor, Tensor, float]], config: ModelConfig
@@ -115,17 +139,11 @@ def build_adapter(lora_int_id: int, name: str, spec: AdapterSpec, config: ModelC
     if use_kernels:  # one C++ call: copies, transposes and scales every part
         torch.ops.roseinfer.lora_fill(buffer, [a for a, _, _ in srcs], [b for _, b, _ in srcs],
                                       [s for _, _, s in srcs], plan)
-    layers: list[dict[str, LowRank]] = [{} for _ in range(config.num_layers)]
-    fused_names = list(FUSED)
-    for (layer, which, a_off, r_total, k, _, r0, r1, n0, n1, bt_off), (ma, mb, scaling) in zip(
+        kernel = torch.classes.roseinfer.LoraAdapter(buffer, plan, config.num_layers)
+        return LoadedAdapter(lora_int_id, name, buffer, rows, config.num_layers, kernel)
+    for (_, _, a_off, _, k, _, r0, r1, n0, n1, bt_off), (ma, mb, scaling) in zip(
             rows, srcs, strict=True):
-        a = buffer[a_off:a_off + r_total * k].view(r_total, k)  # [R, K]
-        bt = buffer[bt_off:bt_off + (r1 - r0) * (n1 - n0)].view(r1 - r0, n1 - n0)  # [r, n]
-        if not use_kernels:
-            a[r0:r1].copy_(ma)
-            bt.copy_(mb.T).mul_(scaling)  # in float32, as lora_fill: bitwise the same
-        low_rank = layers[layer].setdefault(fused_names[which], LowRank(a, []))
-        low_rank.parts.append((r0, r1, n0, n1, bt))
-    kernel = (torch.classes.roseinfer.LoraAdapter(buffer, plan, config.num_layers)
-              if use_kernels else None)
-    return LoadedAdapter(lora_int_id, name, layers, buffer, kernel)
+        buffer[a_off + r0 * k:a_off + r1 * k].view(r1 - r0, k).copy_(ma)
+        bt = buffer[bt_off:bt_off + (r1 - r0) * (n1 - n0)].view(r1 - r0, n1 - n0)
+        bt.copy_(mb.T).mul_(scaling)  # in float32, as lora_fill: bitwise the same
+    return LoadedAdapter(lora_int_id, name, buffer, rows, config.num_layers)
