@@ -2,15 +2,17 @@
 
 ``LoRABatch`` travels in ``AttentionMetadata.lora`` (set by the runner when any row
 of the step has an adapter); ``LlamaForCausalLM.forward`` then hands the step to
-``LoRABatch.forward``, which runs the decoder layers one by one: each base linear
-(the same kernel ``Linear`` the C++ ``LlamaStack`` runs, or the module itself where
-the stack does not serve the model) on every row, then, per adapter segment (rows
-``[start, end)`` of one adapter; the runner lays rows out grouped by adapter), the
-fp32 low-rank delta added in place.  Base rows get no delta.  With the kernels every
-other op is the stack's own row kernel (``rms_norm``, ``rope_and_cache_``,
-``paged_attention``, ``silu_mul``) and the residual adds are the same single float
-adds, so a base row is bitwise what the stack computes and an adapter row depends only
-on its own input and adapter: batch invariance holds across base-only and mixed steps.
+``LoRABatch.forward``.  Segments are rows ``[start, end)`` of one adapter (the runner
+lays rows out grouped by adapter); base rows get no delta.
+
+With the C++ kernels (``step``: a ``torch.classes.roseinfer.LoraStep``) a model the
+``LlamaStack`` serves runs the whole step in ``LlamaStack.forward_lora``: the stack's
+own step with every segment's fp32 delta ``(x A^T) B^T`` added after each linear
+(csrc/lora.h).  A base row is bitwise what ``forward`` computes and an adapter row
+depends only on its own values and adapter: batch invariance holds across base-only and
+mixed steps.  Otherwise the decoder layers run one by one in PyTorch (the modules, each
+followed by the segments' deltas: the kernel ``LoraStep.apply`` when loaded, else
+matmuls), for other devices and dtypes.
 """
 
 from __future__ import annotations
@@ -20,15 +22,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from roseinfer.lora.weights import LoadedAdapter
+from roseinfer.lora.weights import LINEAR_INDEX, LoadedAdapter
 from roseinfer.model.attention_metadata import AttentionMetadata
 from roseinfer.model.fast_path import kernel_linear
 from roseinfer.model.layers import row_kernels_usable
 from roseinfer.model.llama import LlamaDecoderLayer, LlamaForCausalLM
 from roseinfer.model.rope import rope_inputs
 from roseinfer.model.sliding_window import sliding_window_view
-
-LINEARS = ("qkv", "o", "gate_up", "down")
 
 
 def lora_unsupported_reason(model: nn.Module) -> str | None:
@@ -85,10 +85,12 @@ def _run(linear: object, x: Tensor) -> Tensor:
 
 @dataclass(slots=True)
 class LoRABatch:
-    """The adapters of one step: ``segments`` = (start, end, adapter) row ranges."""
+    """The adapters of one step: ``segments`` = (start, end, adapter) row ranges and,
+    with the C++ kernels, the same as a ``LoraStep`` (``step``)."""
 
     base: BaseLinears
     segments: list[tuple[int, int, LoadedAdapter]]
+    step: object | None = None
 
     def linear(self, layer: int, name: str, x: Tensor) -> Tensor:
         """Base linear ``name`` of ``layer`` on all rows plus each segment's delta."""
@@ -98,26 +100,25 @@ class LoRABatch:
         return y
 
     def add_deltas(self, layer: int, name: str, x: Tensor, y: Tensor) -> None:
-        """The segments' deltas on one thread: each is too small to pay for a parallel
-        region's fork and join (the kernels' arithmetic does not depend on threads)."""
-        threads = torch.get_num_threads()
-        if threads > 1:
-            torch.set_num_threads(1)
-        try:
-            for start, end, adapter in self.segments:
-                low_rank = adapter.layers[layer].get(name)
-                if low_rank is not None:  # in place on rows [start, end): [m, N] float32
-                    y[start:end].add_(low_rank.delta(x[start:end]))
-        finally:
-            if threads > 1:
-                torch.set_num_threads(threads)
+        """y [T, N] += each segment's delta of linear ``name``, in place."""
+        if self.step is not None and y.dtype == torch.float32 and y.is_contiguous():
+            self.step.apply(layer, LINEAR_INDEX[name], x, y)  # type: ignore[attr-defined]
+            return
+        for start, end, adapter in self.segments:
+            low_rank = adapter.layers[layer].get(name)
+            if low_rank is not None:  # rows [start, end): [m, N]
+                low_rank.add_delta(x[start:end], y[start:end])
 
     def forward(self, model: LlamaForCausalLM, h: Tensor, positions: Tensor,
                 kv_caches: list[Tensor], meta: AttentionMetadata) -> Tensor:
-        """Embedded h [T, hidden] -> final-norm hidden [T, hidden], layer by layer."""
-        linears = self.base.layers(h)
-        if self.base.on_stack and meta.token_seq is not None:
-            return self._forward_stack_ops(model, h, positions, kv_caches, meta, linears)
+        """Embedded h [T, hidden] -> final-norm hidden [T, hidden]."""
+        self.base.layers(h)  # builds the base linears (and learns whether the stack serves)
+        if self.base.on_stack and self.step is not None and meta.token_seq is not None:
+            stack = model._decode_stack(h)
+            return stack.forward_lora(  # type: ignore[union-attr]
+                h, positions, model.model.rotary_emb.cos_sin_cache, kv_caches,
+                meta.block_tables, meta.token_seq, meta.token_context_lens, meta.slot_mapping,
+                meta.block_size, self.step)
         cfg = model.config
         inner = model.model
         rope = rope_inputs(inner.rotary_emb, positions, h)
@@ -138,40 +139,3 @@ class LoRABatch:
                 act = mlp.act(gate) * up
             h = h + self.linear(i, "down", act)
         return inner.norm(h)
-
-    def _forward_stack_ops(self, model: LlamaForCausalLM, h: Tensor, positions: Tensor,
-                           kv_caches: list[Tensor], meta: AttentionMetadata,
-                           linears: list[dict[str, object]]) -> Tensor:
-        """The LlamaStack's step op for op (csrc/stack.cpp: the same row kernels, the
-        same scale, residual adds then norms) with the deltas added after each linear."""
-        cfg, inner = model.config, model.model
-        ops = torch.ops.roseinfer
-        h_heads, kv_heads, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        q_size, t = h_heads * dh, h.shape[0]
-        scale = float(torch.tensor(1.0) / torch.sqrt(torch.tensor(float(dh))))  # as the stack's
-        cos_sin, eps = inner.rotary_emb.cos_sin_cache, float(inner.norm.eps)
-        layers = inner.layers
-        x = ops.rms_norm(h, layers[0].input_layernorm.weight, eps)  # [T, hidden]
-        for i, (layer, kv_cache) in enumerate(zip(layers, kv_caches, strict=True)):
-            lin = linears[i]
-            qkv = lin["qkv"].forward(x)  # [T, q + 2 kv]
-            self.add_deltas(i, "qkv", x, qkv)
-            ops.rope_and_cache_(qkv, positions, cos_sin, kv_cache, meta.slot_mapping,
-                                h_heads, kv_heads)
-            attn = ops.paged_attention(qkv[:, :q_size].view(t, h_heads, dh), kv_cache,
-                                       meta.block_tables, meta.token_seq,
-                                       meta.token_context_lens, meta.block_size, scale)
-            attn = attn.view(t, q_size)
-            o = lin["o"].forward(attn)  # [T, hidden]
-            self.add_deltas(i, "o", attn, o)
-            h = h + o
-            x = ops.rms_norm(h, layer.post_attention_layernorm.weight, eps)
-            gate_up = lin["gate_up"].forward(x)  # [T, 2I]
-            self.add_deltas(i, "gate_up", x, gate_up)
-            act = ops.silu_mul(gate_up)  # [T, I]
-            down = lin["down"].forward(act)  # [T, hidden]
-            self.add_deltas(i, "down", act, down)
-            h = h + down
-            norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else inner.norm
-            x = ops.rms_norm(h, norm.weight, eps)
-        return x

@@ -14,6 +14,7 @@ import logging
 import time
 from collections import OrderedDict
 
+import torch
 from torch import nn
 
 from roseinfer.lora.adapter import AdapterSpec
@@ -94,4 +95,11 @@ class LoRAManager:
                 if row_ids[start]:
                     segments.append((start, i, self.resident[row_ids[start]]))
                 start = i
-        return LoRABatch(self.base, segments) if segments else None
+        if not segments:
+            return None
+        step = None
+        if self.use_kernels:  # the same segments for the C++ stack (csrc/lora.h)
+            step = torch.classes.roseinfer.LoraStep(False)
+            for start, end, adapter in segments:
+                step.add(start, end, adapter.kernel)
+        return LoRABatch(self.base, segments, step)

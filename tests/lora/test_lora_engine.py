@@ -19,8 +19,8 @@ MAX_TOKENS = 6
 @pytest.fixture(scope="module")
 def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[LoRARequest, object]]:
     """Four adapters: all modules (r 8), attention only (r 16, rslora), MLP only with a
-    rank / alpha pattern, and q/v/o (r 4: padded to the kernel's 8); each with PEFT's
-    merged model."""
+    rank / alpha pattern, and q/v/o (r 4; k_proj not adapted: parts with gaps); each
+    with PEFT's merged model."""
     root = tmp_path_factory.mktemp("adapters")
     specs = {
         "all": dict(r=8, alpha=16),
@@ -28,7 +28,7 @@ def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[LoRARe
                      use_rslora=True),
         "mlp": dict(r=4, alpha=4, targets=["gate_proj", "up_proj", "down_proj"],
                     rank_pattern={"down_proj": 8}, alpha_pattern={"up_proj": 12}),
-        "qv": dict(r=4, alpha=32, targets=["q_proj", "v_proj", "o_proj"]),  # o: rank 4 < 8
+        "qv": dict(r=4, alpha=32, targets=["q_proj", "v_proj", "o_proj"]),
     }
     out = {}
     for i, (name, spec) in enumerate(specs.items(), start=1):
@@ -81,6 +81,7 @@ def test_mixed_batch_is_bitwise_alone(adapters, hf_base, quantization: str) -> N
                 ("qv", _prompt(14, 9), MAX_TOKENS, adapters["qv"][0])]
         alone = {job[0]: run_jobs(engine, [job]) for job in jobs}
         tokens, rows = run_jobs(engine, jobs)
+        assert engine.runner.model._stack is not None  # the C++ stack ran the LoRA steps
     for rid, *_ in jobs:
         assert tokens[rid] == alone[rid][0][rid], rid
         for step, (w, g) in enumerate(zip(alone[rid][1][rid], rows[rid], strict=True)):

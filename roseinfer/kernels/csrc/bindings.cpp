@@ -9,6 +9,11 @@
 //       .forward_portable(x): the int8 / GGUF formats' portable kernel (tests)
 //   torch.ops.roseinfer.gguf_rows(raw, type, ids): dequantized rows of a stored tensor
 //   torch.classes.roseinfer.LlamaStack(hidden, heads, kv_heads, head_dim, inter, eps, final_norm)
+//       .forward(...), .forward_lora(..., LoraStep): the step with LoRA deltas (lora.h)
+//   torch.classes.roseinfer.LoraAdapter(buffer f32 [n], plan int64 [P, 11], num_layers)
+//   torch.classes.roseinfer.LoraStep(portable).add(start, end, adapter)
+//       .apply(layer, linear, x [B, K], y [B, N]): y += the segments' deltas, in place
+//   torch.ops.roseinfer.lora_fill(buffer, a_src, b_src, scalings, plan): an adapter's buffer
 //   torch.ops.roseinfer.paged_attention(q, kv_cache, block_tables, token_seq, token_lens,
 //                                       block_size, scale)   (prefill and decode rows)
 //   torch.ops.roseinfer.paged_attention_portable(...): the same, an int8 cache's scalar
@@ -21,6 +26,7 @@
 
 #include "attention.h"
 #include "linear.h"
+#include "lora.h"
 #include "rowops.h"
 #include "stack.h"
 
@@ -39,13 +45,21 @@ TORCH_LIBRARY(roseinfer, m) {
       .def("out_features", [](const c10::intrusive_ptr<roseinfer::Linear>& self) {
         return self->out_features;
       });
+  // LoRA classes first: LlamaStack.forward_lora takes a LoraStep.
+  m.class_<roseinfer::LoraAdapter>("LoraAdapter")
+      .def(torch::init<at::Tensor, at::Tensor, int64_t>());
+  m.class_<roseinfer::LoraStep>("LoraStep")
+      .def(torch::init<bool>())
+      .def("add", &roseinfer::LoraStep::add)
+      .def("apply", &roseinfer::LoraStep::apply_op);
   m.class_<roseinfer::LlamaStack>("LlamaStack")
       .def(torch::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, at::Tensor>())
       .def("add_layer", &roseinfer::LlamaStack::add_layer)
       .def("num_layers", &roseinfer::LlamaStack::num_layers)
       .def("set_profiling", &roseinfer::LlamaStack::set_profiling)
       .def("profile", &roseinfer::LlamaStack::profile)
-      .def("forward", &roseinfer::LlamaStack::forward);
+      .def("forward", &roseinfer::LlamaStack::forward)
+      .def("forward_lora", &roseinfer::LlamaStack::forward_lora);
   m.def(
       "paged_attention(Tensor q, Tensor kv_cache, Tensor block_tables, Tensor token_seq, "
       "Tensor token_lens, int block_size, float scale) -> Tensor");
@@ -54,6 +68,9 @@ TORCH_LIBRARY(roseinfer, m) {
       "paged_attention_portable(Tensor q, Tensor kv_cache, Tensor block_tables, "
       "Tensor token_seq, Tensor token_lens, int block_size, float scale) -> Tensor");
   m.impl("paged_attention_portable", c10::DispatchKey::CPU, &roseinfer::paged_attention_portable);
+  m.def("lora_fill(Tensor(a!) buffer, Tensor[] a_src, Tensor[] b_src, float[] scalings, "
+        "Tensor plan) -> ()");
+  m.impl("lora_fill", c10::DispatchKey::CPU, &roseinfer::lora_fill);
   m.def("gguf_rows(Tensor raw, int type, Tensor ids) -> Tensor");
   m.impl("gguf_rows", c10::DispatchKey::CPU, &roseinfer::gguf_rows);
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");

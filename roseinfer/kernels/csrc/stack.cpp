@@ -8,10 +8,10 @@
 
 namespace roseinfer {
 
-at::Tensor LlamaStack::forward(at::Tensor h_in, at::Tensor positions, at::Tensor cos_sin,
-                               std::vector<at::Tensor> kv_caches, at::Tensor block_tables,
-                               at::Tensor token_seq, at::Tensor token_lens,
-                               at::Tensor slot_mapping, int64_t block_size) {
+at::Tensor LlamaStack::run(at::Tensor h_in, at::Tensor positions, at::Tensor cos_sin,
+                           std::vector<at::Tensor> kv_caches, at::Tensor block_tables,
+                           at::Tensor token_seq, at::Tensor token_lens,
+                           at::Tensor slot_mapping, int64_t block_size, const LoraStep* lora) {
   TORCH_CHECK((int64_t)kv_caches.size() == num_layers(), "one KV cache per layer");
   for (const auto& c : kv_caches) {
     check_decode_args(c, block_tables, token_lens);
@@ -54,6 +54,7 @@ at::Tensor LlamaStack::forward(at::Tensor h_in, at::Tensor positions, at::Tensor
   for (int64_t l = 0; l < num_layers(); ++l) {
     lap(3);
     qkv[l]->run(x, qkv_buf);
+    if (lora) lora->apply(l, 0, x, qkv_buf);
     lap(0);
     const at::Tensor& cache = kv_caches[l];
     float* qg = qbuf.data_ptr<float>();
@@ -68,14 +69,17 @@ at::Tensor LlamaStack::forward(at::Tensor h_in, at::Tensor positions, at::Tensor
     });
     lap(1);
     o[l]->run(attn, tmp);
+    if (lora) lora->apply(l, 1, attn, tmp);
     lap(0);
     add_rms_norm(hp, tp, post_norm[l].data_ptr<float>(), xp, B, hidden, feps);
     lap(3);
     gate_up[l]->run(x, gu);
+    if (lora) lora->apply(l, 2, x, gu);
     lap(0);
     silu_mul(gu.data_ptr<float>(), act.data_ptr<float>(), B, inter);
     lap(3);
     down[l]->run(act, tmp);
+    if (lora) lora->apply(l, 3, act, tmp);
     lap(0);
     if (l + 1 < num_layers()) {
       add_rms_norm(hp, tp, in_norm[l + 1].data_ptr<float>(), xp, B, hidden, feps);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "linear.h"
+#include "lora.h"
 
 namespace roseinfer {
 
@@ -50,7 +51,24 @@ struct LlamaStack : torch::CustomClassHolder {
   at::Tensor forward(at::Tensor h_in, at::Tensor positions, at::Tensor cos_sin,
                      std::vector<at::Tensor> kv_caches, at::Tensor block_tables,
                      at::Tensor token_seq, at::Tensor token_lens, at::Tensor slot_mapping,
-                     int64_t block_size);
+                     int64_t block_size) {
+    return run(h_in, positions, cos_sin, kv_caches, block_tables, token_seq, token_lens,
+               slot_mapping, block_size, nullptr);
+  }
+  // The same step with LoRA adapters: each segment's delta added after each linear
+  // (lora.h); rows outside every segment are bitwise forward's.
+  at::Tensor forward_lora(at::Tensor h_in, at::Tensor positions, at::Tensor cos_sin,
+                          std::vector<at::Tensor> kv_caches, at::Tensor block_tables,
+                          at::Tensor token_seq, at::Tensor token_lens,
+                          at::Tensor slot_mapping, int64_t block_size,
+                          c10::intrusive_ptr<LoraStep> lora) {
+    return run(h_in, positions, cos_sin, kv_caches, block_tables, token_seq, token_lens,
+               slot_mapping, block_size, lora.get());
+  }
+  at::Tensor run(at::Tensor h_in, at::Tensor positions, at::Tensor cos_sin,
+                 std::vector<at::Tensor> kv_caches, at::Tensor block_tables,
+                 at::Tensor token_seq, at::Tensor token_lens, at::Tensor slot_mapping,
+                 int64_t block_size, const LoraStep* lora);
 };
 
 }  // namespace roseinfer
