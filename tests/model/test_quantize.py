@@ -94,11 +94,18 @@ def gate_figures(ref: tuple[list[float], list[int]], got: tuple[list[float], lis
     return ppl / ppl_ref - 1, agreement
 
 
+@pytest.fixture(scope="module")
+def fp32_stats() -> tuple[list[float], list[int]]:
+    """The gate's reference on the default model (exact fp32), computed once for every
+    format gated against it."""
+    return prompt_stats("none")
+
+
 @pytest.mark.slow  # the default model over a 1,128-token text, per format
 @pytest.mark.parametrize("quantization", ["fp16", "fp16+bf16", "int8"])
-def test_quality_gate_default_model(quantization: str) -> None:
-    ppl_change, agreement = gate_figures(prompt_stats("none"), prompt_stats(quantization),
-                                         quantization)
+def test_quality_gate_default_model(quantization: str,
+                                    fp32_stats: tuple[list[float], list[int]]) -> None:
+    ppl_change, agreement = gate_figures(fp32_stats, prompt_stats(quantization), quantization)
     default_capable = quantization != "fp16+bf16"
     assert agreement >= (0.98 if default_capable else 0.95)
     assert abs(ppl_change) <= (0.01 if default_capable else 0.02)
