@@ -34,17 +34,16 @@ QUESTIONS = [
 TOKENS = 16
 
 
-def _answers(quantization: str) -> tuple[list[list[int]], list[str]]:
-    llm = LLM(quantization=quantization, kv_cache_memory_gb=0.1)
+def _answers(llm: LLM) -> tuple[list[list[int]], list[str]]:
     params = SamplingParams(max_tokens=TOKENS, temperature=0.0)
     outs = llm.chat([[{"role": "user", "content": q}] for q in QUESTIONS], params)
     return [list(o.outputs[0].token_ids) for o in outs], [o.outputs[0].text for o in outs]
 
 
 @pytest.mark.slow  # the default model, twice
-def test_default_format_answers_everyday_questions_as_fp32_does() -> None:
-    ref_ids, ref_text = _answers("none")
-    ids, text = _answers("auto")
+def test_default_format_answers_everyday_questions_as_fp32_does(default_llm: LLM) -> None:
+    ref_ids, ref_text = _answers(default_llm)  # the session's exact fp32 engine (conftest.py)
+    ids, text = _answers(LLM(quantization="auto", kv_cache_memory_gb=0.1))
     same = [a == b for a, b in zip(ids, ref_ids, strict=True)]
     for q, ok, a, b in zip(QUESTIONS, same, text, ref_text, strict=True):
         print(f"{'=' if ok else '!'} {q!r}: {a!r} / fp32 {b!r}")
