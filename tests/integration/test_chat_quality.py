@@ -36,19 +36,18 @@ QUESTIONS = [
 TOKENS = 16
 
 
-def _answers(quantization: str, **options: object) -> tuple[list[list[int]], list[str]]:
-    llm = LLM(quantization=quantization, kv_cache_memory_gb=0.1, **options)
+def _answers(llm: LLM) -> tuple[list[list[int]], list[str]]:
     params = SamplingParams(max_tokens=TOKENS, temperature=0.0)
     outs = llm.chat([[{"role": "user", "content": q}] for q in QUESTIONS], params)
     return [list(o.outputs[0].token_ids) for o in outs], [o.outputs[0].text for o in outs]
 
 
 @pytest.fixture(scope="module")
-def fp32_answers() -> tuple[list[list[int]], list[str]]:
-    return _answers("none")
+def fp32_answers(default_llm: LLM) -> tuple[list[list[int]], list[str]]:
+    return _answers(default_llm)  # the session's exact fp32 engine (conftest.py)
 
 
-@pytest.mark.slow  # the default model, once per case plus fp32 once
+@pytest.mark.slow  # the default model, once per case (fp32: the session's engine)
 @pytest.mark.parametrize(("quantization", "kv_cache_dtype"),
                          [("auto", "auto"), ("none", "int8")], ids=["default", "int8-kv"])
 def test_default_format_answers_everyday_questions_as_fp32_does(
@@ -57,7 +56,8 @@ def test_default_format_answers_everyday_questions_as_fp32_does(
     """The default weights and KV cache; and the int8 KV cache over exact weights (over
     the default weights it agrees on 9 of 14 only: opt-in, docs/kv-cache.md)."""
     ref_ids, ref_text = fp32_answers
-    ids, text = _answers(quantization, kv_cache_dtype=kv_cache_dtype)
+    ids, text = _answers(LLM(quantization=quantization, kv_cache_dtype=kv_cache_dtype,
+                             kv_cache_memory_gb=0.1))
     same = [a == b for a, b in zip(ids, ref_ids, strict=True)]
     for q, ok, a, b in zip(QUESTIONS, same, text, ref_text, strict=True):
         print(f"{'=' if ok else '!'} {q!r}: {a!r} / fp32 {b!r}")

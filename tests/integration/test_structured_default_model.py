@@ -3,7 +3,8 @@
 Twenty-odd JSON schemas (nested objects, arrays with minItems / maxItems, enums, string
 patterns, number bounds, anyOf, additionalProperties: false) run as ONE batch: every
 output must be complete, parse, and validate with ``jsonschema``; a few also run through
-``LLM.stream``, whose deltas must add up to the generated text; and the CLI flags work.
+``LLM.stream``, whose deltas must add up to the generated text; and the CLI flags work
+(each parsed into its constraint; the command itself runs once).
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ from typing import Any
 import jsonschema
 import pytest
 
+from roseinfer.cli import _sampling_params as cli_sampling_params
+from roseinfer.cli import build_parser
 from roseinfer.llm import LLM
+from roseinfer.outputs import RequestOutput
 from roseinfer.sampling_params import SamplingParams
 from roseinfer.structured_outputs import StructuredOutputsParams
 
@@ -94,23 +98,32 @@ def conversation(what: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": f"Give me {what} as JSON."}]
 
 
-def test_twenty_schemas_in_one_batch_all_validate(llm: LLM) -> None:
-    assert len(SCHEMAS) >= 20
-    outs = llm.chat([conversation(what) for what, _ in SCHEMAS],
+@pytest.fixture(scope="module")
+def batch(llm: LLM) -> list[RequestOutput]:
+    """Every schema's conversation in ONE batch (every fourth in the default JSON
+    whitespace, the others compact)."""
+    return llm.chat([conversation(what) for what, _ in SCHEMAS],
                     [params_for(schema, compact=i % 4 != 0)
                      for i, (_, schema) in enumerate(SCHEMAS)])
-    for (what, schema), out in zip(SCHEMAS, outs, strict=True):
+
+
+def test_twenty_schemas_in_one_batch_all_validate(batch: list[RequestOutput]) -> None:
+    assert len(SCHEMAS) >= 20
+    for (what, schema), out in zip(SCHEMAS, batch, strict=True):
         c = out.outputs[0]
         assert c.finish_reason == "stop", (what, c.text)
         jsonschema.validate(json.loads(c.text), schema)
 
 
-def test_stream_equals_generate(llm: LLM) -> None:
-    for what, schema in (SCHEMAS[0], SCHEMAS[8], SCHEMAS[16]):
+def test_stream_equals_generate(llm: LLM, batch: list[RequestOutput]) -> None:
+    """The stream's deltas add up to the text generated in the batch (the same prompt and
+    parameters: the default engine is batch invariant)."""
+    for i in (0, 8, 16):
+        what, schema = SCHEMAS[i]
         prompt = llm.render_chat(conversation(what))
-        params = params_for(schema, compact=False)
-        full = llm.generate([prompt], params)[0].outputs[0]
-        assert "".join(llm.stream(prompt, params)) == full.text
+        full = batch[i].outputs[0]
+        assert list(batch[i].prompt_token_ids) == list(prompt)
+        assert "".join(llm.stream(prompt, params_for(schema, compact=False))) == full.text
         jsonschema.validate(json.loads(full.text), schema)
 
 
@@ -130,18 +143,27 @@ def test_regex_choice_and_sampling(llm: LLM) -> None:
         assert isinstance(json.loads(outs[2].outputs[0].text), dict)
 
 
-def test_cli_flags(tmp_path) -> None:  # noqa: ANN001
+def test_cli_flags(llm: LLM, tmp_path) -> None:  # noqa: ANN001
+    """Each flag gives its constraint (parsed by the CLI's own parser into its sampling
+    parameters, run on the module's engine); the command runs end to end once (the
+    schema read from a file); a bad regex is a usage error."""
     schema = tmp_path / "schema.json"
     schema.write_text(json.dumps(SCHEMAS[2][1]))
-    for flags, check in [(["--choice", "yes", "no"], lambda t: t in ("yes", "no")),
-                         (["--regex", "[0-9]{2}"], lambda t: re.fullmatch("[0-9]{2}", t)),
-                         (["--json-schema", str(schema)],
-                          lambda t: jsonschema.validate(json.loads(t), SCHEMAS[2][1]) is None)]:
-        res = subprocess.run([sys.executable, "-m", "roseinfer.cli", "generate", "--chat",
-                              "--prompt", "Pick one.", "--max-tokens", "24", *flags],
-                             capture_output=True, text=True, timeout=240, check=False)
-        assert res.returncode == 0, res.stderr
-        assert check(res.stdout.strip()), res.stdout
+    checks = [(["--choice", "yes", "no"], lambda t: t in ("yes", "no")),
+              (["--regex", "[0-9]{2}"], lambda t: re.fullmatch("[0-9]{2}", t)),
+              (["--json-schema", str(schema)],
+               lambda t: jsonschema.validate(json.loads(t), SCHEMAS[2][1]) is None)]
+    command = ["generate", "--chat", "--prompt", "Pick one.", "--max-tokens", "24"]
+    prompt = llm.render_chat([{"role": "user", "content": "Pick one."}])
+    for flags, check in checks:
+        params = cli_sampling_params(build_parser().parse_args([*command, *flags]))
+        text = llm.generate([prompt], params)[0].outputs[0].text
+        assert check(text.strip()), (flags, text)
+    flags, check = checks[-1]
+    res = subprocess.run([sys.executable, "-m", "roseinfer.cli", *command, *flags],
+                         capture_output=True, text=True, timeout=240, check=False)
+    assert res.returncode == 0, res.stderr
+    assert check(res.stdout.strip()), res.stdout
     res = subprocess.run([sys.executable, "-m", "roseinfer.cli", "generate", "--prompt", "x",
                           "--regex", "a(b"], capture_output=True, text=True, timeout=240,
                          check=False)

@@ -1,5 +1,6 @@
 """Server fixtures: ONE real `roseinfer serve` process on the default model (session
-scope) and the offline LLM for reference texts, loaded while the server starts."""
+scope) and ONE offline LLM for reference texts (session scope), loaded while the server
+starts."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+import torch
 
+from roseinfer.llm import LLM
 from tests.server.helpers import (
     MODEL_NAME,
     STARTUP_TIMEOUT_S,
@@ -50,20 +54,26 @@ def server(server_process: ServerProcess) -> ServerProcess:
     return server_process
 
 
-@pytest.fixture(scope="module")
-def offline_llm(server_process: ServerProcess) -> Iterator:
-    """The offline engine for reference texts (loads while the server starts).
-
-    One torch thread, like the server: on 2 shared cores, two OpenMP threads make
-    batch-1 decode several times slower whenever another process wants the CPU.
-    """
-    import torch
-
-    from roseinfer.llm import LLM
-
+@pytest.fixture(scope="session")
+def offline_llm_session(server_process: ServerProcess) -> Any:
+    """The offline engine for reference texts, loaded once (while the server starts) and
+    shared by the modules that use ``offline_llm``: they only generate with it."""
     threads = torch.get_num_threads()
     try:
-        yield LLM(kv_cache_memory_gb=0.25, max_num_batched_tokens=512, num_threads=1,
-                  quantization="fp16")
+        return LLM(kv_cache_memory_gb=0.25, max_num_batched_tokens=512, num_threads=1,
+                   quantization="fp16")
+    finally:
+        torch.set_num_threads(threads)  # the engine set 1: only offline_llm's modules use 1
+
+
+@pytest.fixture(scope="module")
+def offline_llm(offline_llm_session: Any) -> Iterator[Any]:
+    """The shared offline engine, run with one torch thread in the module, like the server:
+    on 2 shared cores, two OpenMP threads make batch-1 decode several times slower
+    whenever another process wants the CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield offline_llm_session
     finally:
         torch.set_num_threads(threads)

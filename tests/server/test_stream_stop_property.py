@@ -236,7 +236,7 @@ def test_stop_on_the_last_allowed_token_and_min_tokens_edges(
     assert last_token_stops >= 2, "no reference ends with text a stop string can catch"
 
 
-@hypothesis.settings(max_examples=40, deadline=None, derandomize=True, database=None,
+@hypothesis.settings(max_examples=20, deadline=None, derandomize=True, database=None,
                      suppress_health_check=list(hypothesis.HealthCheck),
                      phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate])
 @hypothesis.given(data=st.data())
