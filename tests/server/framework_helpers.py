@@ -1,19 +1,21 @@
-"""What the agent-framework tests share: the tiny tokenizer server's settings as the
+"""What the agent-framework tests share: the default-model server's settings as the
 frameworks pass them, a recorded tool, the structured answer's pydantic model, and the
 clients each framework is given (one per test: an async client is bound to the event
 loop it first ran in)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
 
 import openai
+from agents import AgentHooks
 from pydantic import BaseModel, Field
 
-from tests.server.tokenizer_server import MODEL_NAME
+from tests.server.helpers import MODEL_NAME
 
 MAX_TOKENS = 64
 TOOL_RESULT = "sunny, 21 C"
@@ -21,7 +23,7 @@ PROMPT = "What is the weather in Paris?"
 
 
 class Weather(BaseModel):
-    """The structured answer: bounded, so a random model completes it well within budget."""
+    """The structured answer: bounded, so any model completes it well within budget."""
 
     city: str = Field(max_length=12)
     temp: int = Field(ge=-50, le=50)
@@ -42,9 +44,25 @@ class WeatherTool:
         return get_weather
 
 
+class ForceToolOnce(AgentHooks):
+    """openai-agents' turns as pydantic-ai's ``_force_tool_once``: the named tool on a
+    run's first turn, the answer (``tool_choice`` none) after the tool ran. The SDK's own
+    reset leaves ``auto``, where the default model keeps calling the tool until
+    ``max_turns`` (the model's choice, not the protocol's)."""
+
+    def __init__(self, tool: str) -> None:
+        self.tool = tool
+
+    async def on_start(self, context: Any, agent: Any) -> None:
+        agent.model_settings = dataclasses.replace(agent.model_settings, tool_choice=self.tool)
+
+    async def on_tool_end(self, context: Any, agent: Any, tool: Any, result: Any) -> None:
+        agent.model_settings = dataclasses.replace(agent.model_settings, tool_choice="none")
+
+
 def sampling(bias: dict[str, int]) -> dict[str, Any]:
-    """Greedy, bounded, and no whitespace tokens: a random model would otherwise spend
-    a JSON answer's budget on the whitespace JSON allows (sent as ``extra_body``)."""
+    """Greedy, bounded, and no whitespace tokens: a small model may otherwise spend a
+    JSON answer's budget on the whitespace JSON allows (sent as ``extra_body``)."""
     return {"temperature": 0, "max_tokens": MAX_TOKENS, "extra_body": {"logit_bias": bias}}
 
 
@@ -66,5 +84,5 @@ def litellm_offline() -> Iterator[None]:
             os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = old
 
 
-__all__ = ["MAX_TOKENS", "MODEL_NAME", "PROMPT", "TOOL_RESULT", "Weather", "WeatherTool",
+__all__ = ["ForceToolOnce", "MAX_TOKENS", "MODEL_NAME", "PROMPT", "TOOL_RESULT", "Weather", "WeatherTool",
            "async_client", "litellm_offline", "sampling"]

@@ -1,8 +1,8 @@
 """Agent frameworks against a real uvicorn (issue 26): openai-agents, pydantic-ai,
-LangChain (langchain-openai) and litellm, as app developers call them, over the tiny
-random model with the default model's tokenizer (one server for the module).
+LangChain (langchain-openai) and litellm, as app developers call them, over the default
+model (the session's one `roseinfer serve` process, tests/server/conftest.py).
 
-The model's text is random; the tests assert the protocol: each round trip succeeds,
+The tests assert the protocol, not the model's wisdom: each round trip succeeds,
 the framework parses our responses (whole and streamed), constrained answers validate
 against the pydantic model, a named tool is called exactly once and executed once per
 call, our own items sent back in the next turn are accepted, and usage adds up.
@@ -15,7 +15,6 @@ import asyncio
 import importlib
 import json
 import math
-from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
@@ -43,25 +42,27 @@ from tests.server.framework_helpers import (
     MODEL_NAME,
     PROMPT,
     TOOL_RESULT,
+    ForceToolOnce,
     Weather,
     WeatherTool,
     async_client,
     litellm_offline,
     sampling,
 )
-from tests.server.helpers import TinyServer
+from tests.server.helpers import ServerProcess
 from tests.server.test_structured_http import no_whitespace
-from tests.server.tokenizer_server import tokenizer_server
 
-HIDDEN = 64  # the tiny model's hidden size: the embeddings' length
-TEXT_TOKENS = 16  # plain-text turns: the budget is always used up (random text)
+pytestmark = pytest.mark.slow  # default model or real servers: `make test-fast` skips it
+
+HIDDEN = 576  # SmolLM2-135M's hidden size: the embeddings' length
+TEXT_TOKENS = 16  # plain-text turns: a story outlasts the budget; answers need no more
 NO_TRACING = RunConfig(tracing_disabled=True)  # openai-agents would export traces
 
 
 @pytest.fixture(scope="module")
-def ts() -> Iterator[TinyServer]:
-    with tokenizer_server() as server:
-        yield server
+def ts(server: ServerProcess) -> ServerProcess:
+    """The session's default-model server (loaded once for every module that uses it)."""
+    return server
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +87,9 @@ def test_openai_agents_tool_then_output_type(ts, bias, model_class) -> None:
         name="weather", instructions="Answer with the weather.",
         model=model_class(model=MODEL_NAME, openai_client=async_client(ts.url)),
         tools=[function_tool(tool.function())], output_type=Weather,
+        hooks=ForceToolOnce("get_weather"), reset_tool_choice=False,
         model_settings=ModelSettings(temperature=0, max_tokens=MAX_TOKENS,
-                                     tool_choice="get_weather", extra_body=s["extra_body"]))
+                                     extra_body=s["extra_body"]))
     result = Runner.run_sync(agent, PROMPT, max_turns=4, run_config=NO_TRACING)
     assert isinstance(result.final_output, Weather)
     first = [item for item in result.raw_responses[0].output if item.type == "function_call"]
@@ -110,8 +112,8 @@ def test_openai_agents_streamed_then_replayed(ts, bias) -> None:
         name="weather", model=OpenAIResponsesModel(model=MODEL_NAME,
                                                    openai_client=async_client(ts.url)),
         tools=[function_tool(tool.function())], output_type=Weather,
+        hooks=ForceToolOnce("get_weather"), reset_tool_choice=False,
         model_settings=ModelSettings(temperature=0, max_tokens=MAX_TOKENS,
-                                     tool_choice="get_weather",
                                      extra_body=sampling(bias)["extra_body"]))
 
     async def run() -> tuple[Any, list[str], Any]:
@@ -176,7 +178,7 @@ def test_pydantic_ai_streamed_structured_output(ts, bias) -> None:
 
 
 # --------------------------------------------------------------------- LangChain
-def chat_openai(ts: TinyServer, bias: dict[str, int], responses: bool,
+def chat_openai(ts: ServerProcess, bias: dict[str, int], responses: bool,
                 max_tokens: int = MAX_TOKENS) -> ChatOpenAI:
     s = sampling(bias)
     return ChatOpenAI(model=MODEL_NAME, base_url=f"{ts.url}/v1", api_key="unused",
@@ -237,7 +239,8 @@ def test_langchain_bind_tools_round_trip(ts, bias, responses) -> None:
     assert len(ai.tool_calls) == 1 and ai.tool_calls[0]["name"] == "get_weather"
     result = get_weather(**ai.tool_calls[0]["args"])
     messages += [ai, ToolMessage(result, tool_call_id=ai.tool_calls[0]["id"])]
-    answer = llm.bind_tools([get_weather], tool_choice="none").invoke(messages)
+    answer = chat_openai(ts, bias, responses, TEXT_TOKENS).bind_tools(
+        [get_weather], tool_choice="none").invoke(messages)
     assert answer.tool_calls == [] and text_of(answer)
     streamed = list(forced.stream(messages[:1]))
     joined = streamed[0]
@@ -301,7 +304,8 @@ def test_litellm_anthropic_messages(ts, litellm) -> None:
     assert arguments == calls[0].function.arguments
     follow = [*kw["messages"], whole.choices[0].message.model_dump(),
               {"role": "tool", "tool_call_id": calls[0].id, "content": TOOL_RESULT}]
-    answer = litellm.completion(**{**kw, "messages": follow, "tool_choice": "none"})
+    answer = litellm.completion(**{**kw, "messages": follow, "tool_choice": "none",
+                                    "max_tokens": TEXT_TOKENS})
     assert answer.choices[0].message.tool_calls is None and answer.choices[0].message.content
     usage = [c.usage for c in chunks if getattr(c, "usage", None)][-1]
     assert usage.completion_tokens == whole.usage.completion_tokens
