@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from roseinfer.bench.bandwidth import cpu_flags
+from roseinfer.bench.cpu_info import cpu_flags
 
 
 def run_ours(model: str | None, args: argparse.Namespace, batches: list[int], prompt: int,

@@ -10,11 +10,11 @@ import pytest
 
 from roseinfer.bench.bandwidth import (
     bandwidth_limit_tok_s,
-    cpu_flags,
     estimated_weight_bytes,
     gguf_weight_bytes,
     read_bandwidth_gbs,
 )
+from roseinfer.bench.cpu_info import cpu_flags
 from roseinfer.model.config import ModelConfig
 
 

@@ -1,4 +1,4 @@
-"""The memory-bandwidth limit of decoding: read bandwidth, weight bytes per step, CPU flags.
+"""The memory-bandwidth limit of decoding: read bandwidth and weight bytes per step.
 
 A decode step reads every weight of the model once, whatever the batch (the embedding
 only gathers its rows, unless it doubles as the LM head). One stream can therefore not
@@ -11,8 +11,6 @@ prints batch 1's decode speed as a percentage of that limit.
   the kernels read, since weights are used as stored); for other checkpoints an estimate
   from the shapes and the load-time format (Q8_0: 34 bytes per 32 weights, fp16: 2,
   fp32: 4).
-* ``cpu_flags``: the CPU model and the SIMD flags that choose the kernels, for the header
-  every figure carries.
 """
 
 from __future__ import annotations
@@ -25,26 +23,7 @@ import torch
 from roseinfer.model.config import ModelConfig
 from roseinfer.model.gguf_header import map_file, parse_header
 
-_SIMD_FLAGS = ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl",
-               "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
 _BYTES_PER_WEIGHT = {"int8": 34 / 32, "fp16": 2.0, "fp16+bf16": 2.0, "none": 4.0}
-
-
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """``"<model name>: avx2 fma ..."``: the SIMD flags kernels choose from (``?`` when
-    /proc/cpuinfo cannot be read)."""
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return "?"
-    name, flags = "?", set()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "model name" and name == "?":
-            name = value.strip()
-        elif key.strip() == "flags" and not flags:
-            flags = set(value.split())
-    return f"{name}: " + " ".join(f for f in _SIMD_FLAGS if f in flags)
 
 
 def read_bandwidth_gbs(nbytes: int = 1 << 30, repeats: int = 5) -> float:

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from roseinfer.bench.bandwidth import cpu_flags
+from roseinfer.bench.cpu_info import cpu_flags
 from roseinfer.cli_args import add_engine_args, engine_config_from_args
 
 RESULTS_DIR = Path("benchmarks/results")
