@@ -6,7 +6,10 @@ under a file lock so concurrent processes build it once.  ``-march=native`` is s
 because the key includes this CPU's flags: another machine builds its own copy.
 ``python -m roseinfer.kernels.build`` builds it ahead of time (``make setup``).
 No ninja or pybind: one ``g++ -c`` per source file (run in parallel) against the torch
-headers, then one link.
+headers, then one link.  Object files are kept in ``objects/`` beside the libraries,
+keyed by their source, the local headers it includes (transitively), the flags and the
+same torch / CPU / Python key, so after an edit only the sources it touches recompile
+(the oldest objects beyond ``MAX_OBJECTS`` are deleted).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,6 +26,8 @@ from pathlib import Path
 
 CSRC = Path(__file__).parent / "csrc"
 LIB_NAME = "roseinfer_cpu_kernels.so"
+MAX_OBJECTS = 200  # object cache bound (a few builds' worth of every source)
+_INCLUDE = re.compile(rb'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 
 
 def _cpu_flags() -> str:
@@ -84,25 +90,75 @@ def _flags() -> tuple[str, list[str], list[str]]:
     return cxx, compile_flags, link_flags
 
 
+def local_includes(src: Path, roots: tuple[Path, ...] = (CSRC, CSRC / "stub")) -> list[Path]:
+    """The headers under ``roots`` that ``src`` includes with quotes, transitively (sorted,
+    no repeats)."""
+    seen: set[Path] = set()
+    todo = [src]
+    while todo:
+        data = todo.pop().read_bytes()
+        for name in _INCLUDE.findall(data):
+            for base in roots:
+                path = (base / name.decode()).resolve()
+                if path.is_file() and path not in seen:
+                    seen.add(path)
+                    todo.append(path)
+                    break
+    return sorted(seen)
+
+
+def object_key(src: Path, cmd: list[str]) -> str:
+    """What an object file depends on: its source, its local headers, the command
+    (compiler and flags) and the library key's torch / CPU / Python parts."""
+    import torch
+
+    h = hashlib.sha256()
+    for f in (src, *local_includes(src)):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    h.update("\0".join(cmd).encode())
+    h.update(torch.__version__.encode() + _cpu_flags().encode() + sys.version.encode())
+    return h.hexdigest()[:20]
+
+
+def _prune_objects(objects: Path, keep: set[Path]) -> None:
+    """Delete the least recently used objects beyond MAX_OBJECTS (never ``keep``)."""
+    files = sorted(objects.glob("*.o"), key=lambda f: f.stat().st_mtime, reverse=True)
+    for f in files[MAX_OBJECTS:]:
+        if f not in keep:
+            f.unlink(missing_ok=True)
+
+
 def _compile(out: Path, work: Path, verbose: bool) -> tuple[int, str]:
-    """Compile every source (in parallel) into ``work`` and link ``out``: (rc, log)."""
+    """Compile the sources whose objects are not cached (in parallel) and link ``out``:
+    (rc, log)."""
     cxx, cflags, lflags = _flags()
-    objs, procs = [], []
+    objects = build_dir() / "objects"
+    objects.mkdir(parents=True, exist_ok=True)
+    objs: list[Path] = []
+    procs: list[tuple[subprocess.Popen[str], Path, Path]] = []
     for src in sources():
-        obj = work / (src.stem + ".o")
-        cmd = [cxx, "-c", str(src), "-o", str(obj), *cflags, *_file_flags(src)]
+        args = [*cflags, *_file_flags(src)]
+        obj = objects / f"{src.stem}-{object_key(src, [cxx, *args])}.o"
+        objs.append(obj)
+        if obj.exists():
+            obj.touch()  # recently used: kept by the pruning
+            continue
+        tmp = work / obj.name
+        cmd = [cxx, "-c", str(src), "-o", str(tmp), *args]
         if verbose:
             print(" ".join(cmd), file=sys.stderr)
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))
-        objs.append(str(obj))
+        procs.append((subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                       text=True), tmp, obj))
     log, rc = "", 0
-    for p in procs:
+    for p, tmp, obj in procs:
         out_text, _ = p.communicate()
         log += out_text
         rc = rc or p.returncode
+        if p.returncode == 0:
+            os.replace(tmp, obj)  # atomic: another builder may share the cache
+    _prune_objects(objects, set(objs))
     if rc == 0:
-        cmd = [cxx, *objs, "-o", str(out), *lflags]
+        cmd = [cxx, *map(str, objs), "-o", str(out), *lflags]
         if verbose:
             print(" ".join(cmd), file=sys.stderr)
         proc = subprocess.run(cmd, capture_output=True, text=True)
