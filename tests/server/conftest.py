@@ -1,6 +1,7 @@
 """Server fixtures: ONE real `roseinfer serve` process on the default model (session
 scope) and ONE offline LLM for reference texts (session scope), loaded while the server
-starts."""
+starts; per module, the tiny in-process server (`ts`, tokenizer_server.py) and an
+OpenAI client on it (`client`), which a module needing other settings redefines."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+import openai
 import pytest
 import torch
 
@@ -18,10 +20,12 @@ from tests.server.helpers import (
     MODEL_NAME,
     STARTUP_TIMEOUT_S,
     ServerProcess,
+    TinyServer,
     free_port,
     stop_process,
     wait_healthy,
 )
+from tests.server.tokenizer_server import tokenizer_server
 
 
 @pytest.fixture(scope="session")
@@ -77,3 +81,15 @@ def offline_llm(offline_llm_session: Any) -> Iterator[Any]:
         yield offline_llm_session
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def ts() -> Iterator[TinyServer]:
+    """The tiny random model with the default model's tokenizer behind a real uvicorn."""
+    with tokenizer_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def client(ts: TinyServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{ts.url}/v1", api_key="unused", max_retries=0, timeout=120)

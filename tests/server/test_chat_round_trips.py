@@ -7,7 +7,6 @@ tools beside a json_schema answer, vLLM's chat options, `system_fingerprint`,
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -17,9 +16,8 @@ import pydantic
 import pytest
 
 from roseinfer.tool_calls import plan_tools, strict_schema, tool_grammar
-from tests.server.helpers import TinyServer
 from tests.server.test_structured_http import no_whitespace
-from tests.server.tokenizer_server import MODEL_NAME, tokenizer_server
+from tests.server.tokenizer_server import MODEL_NAME
 
 MSG = [{"role": "user", "content": "What is 2 plus 3?"}]
 # As LangChain / instructor / raw openai send schemas: no additionalProperties.
@@ -43,16 +41,6 @@ class Sum(pydantic.BaseModel):
     sum: int = pydantic.Field(ge=0, le=99)
 
 
-@pytest.fixture(scope="module")
-def ts() -> Iterator[TinyServer]:
-    with tokenizer_server() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def client(ts) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{ts.url}/v1", api_key="unused", max_retries=0,
-                         timeout=120)
 
 
 def create(c: openai.OpenAI, **kwargs: Any) -> Any:

@@ -4,7 +4,6 @@ lists, token ids, float and base64, ``dimensions``, and OpenAI-shaped errors."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import httpx
 import openai
@@ -12,21 +11,11 @@ import pytest
 import torch
 
 from tests.engine.tiny_models import tiny_hf_llama
-from tests.server.helpers import TinyServer
-from tests.server.tokenizer_server import MAX_POSITIONS, MODEL_NAME, VOCAB_SIZE, tokenizer_server
+from tests.server.tokenizer_server import MAX_POSITIONS, MODEL_NAME, VOCAB_SIZE
 
 HIDDEN = 64  # tiny_hf_llama's hidden size
 
 
-@pytest.fixture(scope="module")
-def ts() -> Iterator[TinyServer]:
-    with tokenizer_server() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def client(ts) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{ts.url}/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 def test_string_matches_hf_and_shape(ts, client):

@@ -10,7 +10,6 @@ tests assert the protocol."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any, Literal
 
 import httpx
@@ -19,10 +18,9 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.server.helpers import TinyServer
 from tests.server.test_structured_http import SCHEMA, no_whitespace
 from tests.server.test_tool_calls import WEATHER
-from tests.server.tokenizer_server import MODEL_NAME, tokenizer_server
+from tests.server.tokenizer_server import MODEL_NAME
 
 TOOL = {"type": "function", "name": "get_weather", "description": "Weather in a city",
         "parameters": WEATHER}
@@ -33,16 +31,6 @@ MESSAGE_EVENTS = ["response.output_item.added", "response.content_part.added",
                   "response.output_item.done"]
 
 
-@pytest.fixture(scope="module")
-def ts() -> Iterator[TinyServer]:
-    with tokenizer_server() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def client(ts) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{ts.url}/v1", api_key="unused", max_retries=0,
-                         timeout=120)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import pytest
 
 from roseinfer.server.prompt_gate import MAX_PROMPT_CHARS_PER_TOKEN, default_slots
 from tests.server.helpers import TinyServer
-from tests.server.tokenizer_server import MODEL_NAME, tokenizer_server
+from tests.server.tokenizer_server import MODEL_NAME
 
 
 class Spy:
@@ -46,11 +46,6 @@ class Spy:
 
         return spied
 
-
-@pytest.fixture(scope="module")
-def ts() -> Iterator[TinyServer]:
-    with tokenizer_server() as server:
-        yield server
 
 
 @pytest.fixture

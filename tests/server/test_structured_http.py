@@ -11,7 +11,6 @@ import functools
 import json
 import os
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -23,7 +22,7 @@ from hypothesis import strategies as st
 from roseinfer.model.loader import default_model_path
 from roseinfer.tokenizer import Tokenizer
 from tests.server.helpers import TinyServer, wait_until
-from tests.server.tokenizer_server import MODEL_NAME, VOCAB_SIZE, tokenizer_server
+from tests.server.tokenizer_server import MODEL_NAME, VOCAB_SIZE
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 MSG = [{"role": "user", "content": "Reply in the format asked."}]
@@ -66,11 +65,6 @@ def token_id(text: str) -> int:
     assert len(ids) == 1, (text, ids)
     return ids[0]
 
-
-@pytest.fixture(scope="module")
-def ts() -> Iterator[TinyServer]:
-    with tokenizer_server() as server:
-        yield server
 
 
 def post(ts: TinyServer, path: str, **body: Any) -> httpx.Response:

@@ -15,7 +15,6 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.server.helpers import TinyServer
 from tests.server.test_structured_http import (
     CHOICES,
     JSON_SCHEMA,
@@ -24,13 +23,7 @@ from tests.server.test_structured_http import (
     SCHEMA,
     no_whitespace,
 )
-from tests.server.tokenizer_server import MODEL_NAME, tokenizer_server
-
-
-@pytest.fixture(scope="module")
-def ts() -> Iterator[TinyServer]:
-    with tokenizer_server() as server:
-        yield server
+from tests.server.tokenizer_server import MODEL_NAME
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ follow-up turn with tool messages, and the 400s for bad tools."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import jsonschema
@@ -15,9 +14,8 @@ import pytest
 from roseinfer.server.protocol import ChatMessage, ToolDefinition
 from roseinfer.server.tool_stream import ToolCallParser
 from roseinfer.server.tools import call_text, chat_conversation
-from tests.server.helpers import TinyServer
 from tests.server.test_structured_http import no_whitespace
-from tests.server.tokenizer_server import MODEL_NAME, tokenizer_server
+from tests.server.tokenizer_server import MODEL_NAME
 
 MSG = [{"role": "user", "content": "What is the weather in Paris?"}]
 WEATHER = {"type": "object", "properties": {
@@ -33,16 +31,6 @@ SCHEMAS = {"get_weather": WEATHER, "add": ADD}
 SAMPLING: dict[str, Any] = {"temperature": 0.8, "max_tokens": 160}
 
 
-@pytest.fixture(scope="module")
-def ts() -> Iterator[TinyServer]:
-    with tokenizer_server() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def client(ts) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{ts.url}/v1", api_key="unused", max_retries=0,
-                         timeout=120)
 
 
 def valid_calls(message: Any, names: set[str]) -> None:
