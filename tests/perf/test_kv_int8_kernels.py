@@ -56,8 +56,9 @@ def test_rope_and_cache_writes_the_pytorch_quantizer_bits(head_dim: int) -> None
 @pytest.mark.parametrize("head_dim", [64, 128, 40])
 @pytest.mark.parametrize("heads", [(9, 3), (8, 2)])
 def test_attention_matches_a_float64_model(head_dim: int, heads: tuple[int, int]) -> None:
-    """Each row's output = float64 softmax(q . (kq * ks) * scale) @ (vq * vs), to float32
-    accuracy (head dim 40: the portable implementation serves it)."""
+    """Each row's output = float64 softmax((qq . kq) * qs * ks * scale) @ (vq * vs), with
+    each query head quantized like a cache row (qq, qs), to float32 accuracy (head dim
+    40: the portable implementation serves it)."""
     h, hkv = heads
     q, cache, tables, rows, lens = _case(head_dim, heads, 8, 6, 5, seed=1)
     scale = head_dim**-0.5
@@ -68,7 +69,8 @@ def test_attention_matches_a_float64_model(head_dim: int, heads: tuple[int, int]
         slots = tables[i].long()[pos // 8] * 8 + pos % 8
         k = values[0][slots].transpose(0, 1)  # [Hkv, L, Dh]
         v = values[1][slots].transpose(0, 1)
-        qi = q[i].double().view(hkv, h // hkv, head_dim)  # [Hkv, G, Dh]
+        qi = kv_int8.dequantize_rows(kv_int8.quantize_rows(q[i]), torch.float64)
+        qi = qi.view(hkv, h // hkv, head_dim)  # [Hkv, G, Dh]: qq * qs
         p = torch.softmax(qi @ k.transpose(1, 2) * scale, dim=-1)  # [Hkv, G, L]
         want = (p @ v).reshape(h, head_dim)
         torch.testing.assert_close(got[i].double(), want, rtol=1e-5, atol=2e-6)
