@@ -14,6 +14,13 @@ row ``x[0..Dh)`` in float32,
   [-127, 127]; 0 when scale == 0);
 * the value read back is ``q[i] * scale``.
 
+Attention over such a cache quantizes each query head's row by the same rule, so that
+a score is an integer dot product times both scales: ``s_t = (float(sum_i qq[i] *
+kq_t[i]) * (qscale * kscale_t)) * softmax_scale`` in the C++ kernels (exact integers);
+here (``quantize_queries``) the dequantized query times the dequantized K, the same
+values up to float32 rounding.  The weights of V stay float: ``out = sum_t (p_t *
+vscale_t) * vq_t``.
+
 A row's bytes depend only on that token's own K or V, never on the other tokens of the
 batch, its chunk or its block: the batch-invariance contract survives quantization.
 Every op here runs on any device (no CPU-only kernels), so CUDA works as CPU does.
@@ -67,6 +74,12 @@ def read_rows(cache_half: Tensor, index: Tensor, dtype: torch.dtype) -> Tensor:
     """cache_half [slots, Hkv, row] rows at index (any shape) as ``dtype`` [..., Hkv, Dh]."""
     rows = cache_half[index]
     return dequantize_rows(rows, dtype) if is_int8(cache_half) else rows.to(dtype)
+
+
+def quantize_queries(q: Tensor) -> Tensor:
+    """Queries [..., Dh] as attention over an int8 cache sees them: each head's row
+    quantized like a K/V row and read back (``q * scale``) in q's dtype."""
+    return dequantize_rows(quantize_rows(q), q.dtype)
 
 
 def to_cache_rows(x: Tensor, kv_dtype: torch.dtype) -> Tensor:

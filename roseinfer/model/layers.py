@@ -122,8 +122,8 @@ def paged_attention(
     the PyTorch fallback runs decode sequences (tokens 0..D-1) in one batched attention
     and prefill sequences one at a time with a causal mask offset by their cached
     prefix (fast, but its numerics depend on the batch shape).  An int8 cache is read
-    back dequantized, the new tokens' K/V included, so every path attends to the same
-    values.
+    back dequantized, the new tokens' K/V included, and the queries are quantized like
+    its rows (``kv_int8.quantize_queries``), so every path attends to the same values.
     """
     if not kv_written:
         write_kv_cache(kv_cache, meta.slot_mapping, k, v)
@@ -143,6 +143,8 @@ def paged_attention(
             q, kv_cache, meta.block_tables, meta.token_seq, meta.token_context_lens,
             meta.block_size, scale,
         )  # [T, H, Dh]
+    if kv_int8.is_int8(kv_cache):
+        q = kv_int8.quantize_queries(q)  # [T, H, Dh]: int8 queries, as the kernels use
     d = meta.num_decode_tokens
     if d > 0:
         # GQA without repeating K/V: each KV head is a batch entry with G queries.

@@ -56,8 +56,9 @@ def test_rope_and_cache_writes_the_pytorch_quantizer_bits(head_dim: int) -> None
 @pytest.mark.parametrize("head_dim", [64, 128, 40])
 @pytest.mark.parametrize("heads", [(9, 3), (8, 2)])
 def test_attention_matches_a_float64_model(head_dim: int, heads: tuple[int, int]) -> None:
-    """Each row's output = float64 softmax(q . (kq * ks) * scale) @ (vq * vs), to float32
-    accuracy (head dim 40: the portable implementation serves it)."""
+    """Each row's output = float64 softmax((qq . kq) * qs * ks * scale) @ (vq * vs), with
+    each query head quantized like a cache row (qq, qs), to float32 accuracy (head dim
+    40: the portable implementation serves it)."""
     h, hkv = heads
     q, cache, tables, rows, lens = _case(head_dim, heads, 8, 6, 5, seed=1)
     scale = head_dim**-0.5
@@ -68,7 +69,8 @@ def test_attention_matches_a_float64_model(head_dim: int, heads: tuple[int, int]
         slots = tables[i].long()[pos // 8] * 8 + pos % 8
         k = values[0][slots].transpose(0, 1)  # [Hkv, L, Dh]
         v = values[1][slots].transpose(0, 1)
-        qi = q[i].double().view(hkv, h // hkv, head_dim)  # [Hkv, G, Dh]
+        qi = kv_int8.dequantize_rows(kv_int8.quantize_rows(q[i]), torch.float64)
+        qi = qi.view(hkv, h // hkv, head_dim)  # [Hkv, G, Dh]: qq * qs
         p = torch.softmax(qi @ k.transpose(1, 2) * scale, dim=-1)  # [Hkv, G, L]
         want = (p @ v).reshape(h, head_dim)
         torch.testing.assert_close(got[i].double(), want, rtol=1e-5, atol=2e-6)
@@ -85,3 +87,30 @@ def test_avx2_equals_portable(head_dim: int, heads: tuple[int, int], bs: int) ->
     simd = torch.ops.roseinfer.paged_attention(*args)
     portable = torch.ops.roseinfer.paged_attention_portable(*args)
     assert torch.equal(simd, portable)
+
+
+@pytest.mark.parametrize("portable", [False, True])
+def test_integer_dot_at_the_extremes(portable: bool) -> None:
+    """Q.K is an exact integer dot: K bytes at -128 / 127 (the quantizer never writes -128,
+    the kernel must still not saturate) against queries at +-127, scores up to
+    64 * 128 * 127, match the float64 model."""
+    head_dim, bs = 64, 4
+    gen = torch.Generator().manual_seed(3)
+    cache = torch.zeros(2, 8, 1, head_dim + 4, dtype=torch.int8)
+    signs = torch.randint(0, 2, (8, head_dim), generator=gen).bool()
+    cache[0, :, 0, :head_dim] = torch.where(signs, torch.tensor(-128, dtype=torch.int8),
+                                            torch.tensor(127, dtype=torch.int8))
+    cache[1, :, 0, :head_dim] = torch.randint(-127, 128, (8, head_dim), generator=gen,
+                                              dtype=torch.int8)
+    scales = torch.tensor([1e-3, 2e-3] * 4).view(8, 1, 1)
+    cache[..., head_dim:] = scales.expand(2, 8, 1, 1).contiguous().view(torch.int8)
+    q = torch.where(signs[:3], -1.0, 1.0).view(1, 3, head_dim) * 5.0  # qq = +-127
+    q[0, 2] = -q[0, 2]
+    args = (q, cache, torch.arange(2, dtype=torch.int32).view(1, 2),
+            torch.zeros(1, dtype=torch.int32), torch.tensor([8], dtype=torch.int32), bs, 0.125)
+    op = torch.ops.roseinfer.paged_attention_portable if portable else torch.ops.roseinfer.paged_attention
+    got = op(*args)[0]
+    values = kv_int8.dequantize_rows(cache, torch.float64)[:, :, 0]  # [2, 8, Dh]
+    qi = kv_int8.dequantize_rows(kv_int8.quantize_rows(q[0]), torch.float64)  # [3, Dh]
+    want = torch.softmax(qi @ values[0].T * 0.125, dim=-1) @ values[1]
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=2e-6)

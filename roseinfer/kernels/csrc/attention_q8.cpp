@@ -4,9 +4,10 @@
 // performs the AVX2 lanes' operations one lane at a time (std::fma for each FMA, the same
 // reduction trees and exp polynomial); it also serves any other head dim.  Per query
 // row of head g over L positions (docs/CONTRACTS.md):
-//   dot_t  = 8 lanes, lane l an FMA chain over i = l, l+8, ... of q[i] * kq_t[i], summed
-//            as ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7))
-//   s_t    = (dot_t * kscale_t) * softmax_scale
+//   qq, qs = the row's head g quantized as a cache row (q8_store_head: absmax / 127, rne)
+//   dot_t  = sum_i qq[i] * kq_t[i], exact in int32 (AVX2: vpsignb / vpabsb, vpmaddubsw,
+//            vpmaddwd; |dot_t| <= 256 * 128 * 127 < 2^24, so float(dot_t) is exact too)
+//   s_t    = (float(dot_t) * (qs * kscale_t)) * softmax_scale
 //   p_t    = softmax(s) as softmax_row (exp8 on groups of 8 positions, std::exp on the
 //            tail; p_t = e_t * (1 / sum))
 //   out[i] = FMA chain over t of (p_t * vscale_t) * vq_t[i]
@@ -20,9 +21,6 @@
 namespace roseinfer {
 
 // ------------------------------------------------------------------ portable lanes
-static inline float lane_sum8(const float (&l)[8]) {
-  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-}
 static inline float hsum8_lanes(const float (&l)[8]) {  // hsum8's tree
   return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
 }
@@ -75,24 +73,24 @@ static void softmax_portable(float* sg, int64_t L) {
 }
 
 // One (row, KV head) item, G query heads, any head dim.
-static void q8_item_portable(const float* qd, const int8_t* kc, const int8_t* vc,
+static void q8_item_portable(const int8_t* qq, const float* qs, const int8_t* kc, const int8_t* vc,
                              const int32_t* table, int64_t L, int64_t G, int64_t rowb,
                              int64_t bs, int64_t kh, int64_t Dh, float scale, float* scores,
                              float* od) {
   const int64_t hoff = kh * q8_row_bytes(Dh);
   for (int64_t g = 0; g < G; ++g) {
-    const float* q = qd + g * Dh;
+    const int8_t* q = qq + g * q8_row_bytes(Dh);
     SlotCursor c(table, bs, 0);
     for (int64_t t = 0; t < L; ++t, c.next()) {
       const int8_t* k = kc + c.slot() * rowb + hoff;
-      float lane[8] = {};
-      for (int64_t i = 0; i < Dh; ++i) lane[i % 8] = std::fma((float)k[i], q[i], lane[i % 8]);
-      scores[g * L + t] = (lane_sum8(lane) * q8_scale(k, Dh)) * scale;
+      int32_t dot = 0;  // exact: |dot| <= 256 * 128 * 127 < 2^24 for any head dim served
+      for (int64_t i = 0; i < Dh; ++i) dot += (int32_t)q[i] * (int32_t)k[i];
+      scores[g * L + t] = ((float)dot * (qs[g] * q8_scale(k, Dh))) * scale;
     }
     softmax_portable(scores + g * L, L);
   }
   SlotCursor c(table, bs, 0);
-  for (int64_t t = 0; t < L; ++t, c.next()) {
+  for (int64_t t = 0; t < L; ++t, c.next()) {  // w_t = p_t * vscale_t
     const float sv = q8_scale(vc + c.slot() * rowb + hoff, Dh);
     for (int64_t g = 0; g < G; ++g) scores[g * L + t] *= sv;
   }
@@ -110,92 +108,148 @@ static void q8_item_portable(const float* qd, const int8_t* kc, const int8_t* vc
 
 // ------------------------------------------------------------------ AVX2
 #ifdef ROSEINFER_AVX2
-static inline __m256 load8q(const int8_t* p) {
-  return _mm256_cvtepi32_ps(
-      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-}
 
-// Query heads [0, GB) of one item (attend_heads of attention.cpp over int8 rows).
+// The 4 int32 dots of q (int8, |q| <= 127) with 4 int8 K rows, as lanes of one vector:
+// 32 bytes at a time, |k| * sign(q, k) by vpmaddubsw (a pair sums to at most
+// 2 * 128 * 127 < 2^15: never saturates), pairs to int32 by vpmaddwd.  Exact.
 template <int DH, int GB>
-static void q8_heads(const float* qd, const int8_t* kc, const int8_t* vc, const int32_t* table,
-                     int64_t L, int64_t rowb, int64_t bs, int64_t kh, float scale,
-                     float* scores, float* od) {
+static inline void dots4(const int8_t* qq, const int8_t* const (&k)[4], __m128i (&out)[GB]) {
   constexpr int64_t kHead = DH + kQ8ScaleBytes;
-  const int64_t hoff = kh * kHead;
-  const int8_t* zero = reinterpret_cast<const int8_t*>(kZeroRow);
-  SlotCursor c(table, bs, 0), ahead(table, bs, 0);
-  for (int64_t t = 0; t < std::min(kAhead, L); ++t, ahead.next())
-    prefetch_row(kc + ahead.slot() * rowb + hoff, kHead);
-  for (int64_t t0 = 0; t0 < L; t0 += 4) {
-    const int64_t n = std::min<int64_t>(4, L - t0);
-    const int8_t* k[4];
-    alignas(16) float ks[4];
-    for (int64_t j = 0; j < 4; ++j) {
-      k[j] = j < n ? kc + c.slot() * rowb + hoff : zero;
-      if (j < n) c.next();
-      ks[j] = q8_scale(k[j], DH);
-      if (t0 + j + kAhead < L) {
-        prefetch_row(kc + ahead.slot() * rowb + hoff, kHead);
-        ahead.next();
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i a[GB][4];
+  for (int g = 0; g < GB; ++g)
+    for (int j = 0; j < 4; ++j) a[g][j] = _mm256_setzero_si256();
+  for (int c = 0; c < DH / 32; ++c)
+    for (int j = 0; j < 4; ++j) {
+      const __m256i kv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k[j] + 32 * c));
+      const __m256i ka = _mm256_abs_epi8(kv);
+      for (int g = 0; g < GB; ++g) {
+        const __m256i qv =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qq + g * kHead + 32 * c));
+        const __m256i m = _mm256_maddubs_epi16(ka, _mm256_sign_epi8(qv, kv));
+        a[g][j] = _mm256_add_epi32(a[g][j], _mm256_madd_epi16(m, ones));
       }
     }
-    __m256 a[GB][4];
-    for (int g = 0; g < GB; ++g)
-      for (int j = 0; j < 4; ++j) a[g][j] = _mm256_setzero_ps();
-    for (int v = 0; v < DH / 8; ++v)
-      for (int j = 0; j < 4; ++j) {
-        const __m256 kv = load8q(k[j] + 8 * v);
-        for (int g = 0; g < GB; ++g)
-          a[g][j] = _mm256_fmadd_ps(kv, _mm256_loadu_ps(qd + g * DH + 8 * v), a[g][j]);
-      }
-    const __m128 sk = _mm_load_ps(ks), sc = _mm_set1_ps(scale);
-    for (int g = 0; g < GB; ++g) {
-      alignas(16) float tmp[4];
-      _mm_store_ps(tmp, _mm_mul_ps(_mm_mul_ps(reduce4(a[g]), sk), sc));
-      for (int64_t j = 0; j < n; ++j) scores[g * L + t0 + j] = tmp[j];
-    }
-  }
-  for (int g = 0; g < GB; ++g) softmax_row(scores + g * L, L);
-  SlotCursor va(table, bs, 0);  // V scales into p, the V rows' first lines into cache
-  for (int64_t t = 0; t < L; ++t, va.next()) {
-    const int8_t* vr = vc + va.slot() * rowb + hoff;
-    prefetch_row(vr, kHead);
-    const float sv = q8_scale(vr, DH);
-    for (int g = 0; g < GB; ++g) scores[g * L + t] *= sv;
-  }
-  constexpr int kChunk = DH / 8 < 4 ? DH / 8 : 4;  // vectors per pass
-  for (int ch = 0; ch < DH / 8; ch += kChunk) {
-    __m256 acc[GB][kChunk];
-    for (int g = 0; g < GB; ++g)
-      for (int u = 0; u < kChunk; ++u) acc[g][u] = _mm256_setzero_ps();
-    SlotCursor v(table, bs, 0);
-    for (int64_t t = 0; t < L; ++t, v.next()) {
-      const int8_t* vr = vc + v.slot() * rowb + hoff + 8 * ch;
-      __m256 p[GB];
-      for (int g = 0; g < GB; ++g) p[g] = _mm256_broadcast_ss(scores + g * L + t);
-      for (int u = 0; u < kChunk; ++u) {
-        const __m256 vv = load8q(vr + 8 * u);
-        for (int g = 0; g < GB; ++g) acc[g][u] = _mm256_fmadd_ps(p[g], vv, acc[g][u]);
-      }
-    }
-    for (int g = 0; g < GB; ++g)
-      for (int u = 0; u < kChunk; ++u) _mm256_storeu_ps(od + g * DH + 8 * (ch + u), acc[g][u]);
+  for (int g = 0; g < GB; ++g) {
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a[g][0], a[g][1]),
+                                        _mm256_hadd_epi32(a[g][2], a[g][3]));
+    out[g] = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
   }
 }
 
-// One item's G heads in passes of up to 3 (accumulators in registers; passes only group
-// memory traffic, never change a value's arithmetic).
+// KV heads kh .. kh + nh of one row, GB query heads each (attend_heads of attention.cpp
+// over int8 rows); qq: those nh * GB query heads' quantized rows (kv_q8.h layout), qs
+// their scales; scores [nh * GB, L]; od [nh * GB, DH].  The scores of all nh KV heads are
+// computed in one walk over the K slots (each slot's rows read once, nh of them side by
+// side), then each KV head's softmax and P.V.
+template <int DH, int GB>
+static void q8_heads(const int8_t* qq, const float* qs, const int8_t* kc, const int8_t* vc,
+                     const int32_t* table, int64_t L, int64_t rowb, int64_t bs, int64_t kh,
+                     int64_t nh, float scale, float* scores, float* od) {
+  static_assert(DH % 32 == 0, "32 int8 values per vector");
+  constexpr int64_t kHead = DH + kQ8ScaleBytes;
+  const int8_t* zero = reinterpret_cast<const int8_t*>(kZeroRow);
+  const int64_t nblk = (L + bs - 1) / bs, bstride = bs * rowb;
+  // Block b's first row of head h (block-wise walks: no per-position cursor).
+  auto rows_of = [&](const int8_t* half, int64_t b, int64_t h) {
+    return half + table[b] * bstride + h * kHead;
+  };
+  auto prefetch_block = [&](const int8_t* half, int64_t b, int64_t h, int64_t heads) {
+    const int8_t* r = rows_of(half, b, h);
+    for (int64_t j = 0, n = std::min(bs, L - b * bs); j < n; ++j)
+      prefetch_row(r + j * rowb, heads * kHead);
+  };
+  prefetch_block(kc, 0, kh, nh);  // one block ahead
+  const __m128 sc = _mm_set1_ps(scale);
+  for (int64_t b = 0; b < nblk; ++b) {
+    if (b + 1 < nblk) prefetch_block(kc, b + 1, kh, nh);
+    const int64_t t1 = std::min(bs, L - b * bs);
+    for (int64_t h = 0; h < nh; ++h) {
+      const int8_t* base = rows_of(kc, b, kh + h);
+      float* sh = scores + h * GB * L;
+      for (int64_t r = 0; r < t1; r += 4) {
+        const int64_t n = std::min<int64_t>(4, t1 - r), t0 = b * bs + r;
+        const int8_t* k[4];
+        alignas(16) float ks[4];
+        for (int64_t j = 0; j < 4; ++j) {
+          k[j] = j < n ? base + (r + j) * rowb : zero;
+          ks[j] = q8_scale(k[j], DH);
+        }
+        __m128i d[GB];
+        dots4<DH, GB>(qq + h * GB * kHead, k, d);
+        const __m128 sk = _mm_load_ps(ks);
+        for (int g = 0; g < GB; ++g) {
+          const __m128 s =
+              _mm_mul_ps(_mm_cvtepi32_ps(d[g]), _mm_mul_ps(_mm_set1_ps(qs[h * GB + g]), sk));
+          if (n == 4) {
+            _mm_storeu_ps(sh + g * L + t0, _mm_mul_ps(s, sc));
+          } else {
+            alignas(16) float tmp[4];
+            _mm_store_ps(tmp, _mm_mul_ps(s, sc));
+            for (int64_t j = 0; j < n; ++j) sh[g * L + t0 + j] = tmp[j];
+          }
+        }
+      }
+    }
+  }
+  for (int64_t h = 0; h < nh; ++h) {
+    float* sh = scores + h * GB * L;
+    float* oh = od + h * GB * DH;
+    prefetch_block(vc, 0, kh + h, 1);
+    for (int g = 0; g < GB; ++g) softmax_row(sh + g * L, L);
+    for (int64_t b = 0; b < nblk; ++b) {  // p_t * vscale_t; the V rows into cache
+      if (b + 1 < nblk) prefetch_block(vc, b + 1, kh + h, 1);
+      const int8_t* base = rows_of(vc, b, kh + h);
+      for (int64_t r = 0, t1 = std::min(bs, L - b * bs); r < t1; ++r) {
+        const float sv = q8_scale(base + r * rowb, DH);
+        for (int g = 0; g < GB; ++g) sh[g * L + b * bs + r] *= sv;
+      }
+    }
+    constexpr int kChunk = DH / 8 < 4 ? DH / 8 : 4;  // vectors per pass
+    for (int ch = 0; ch < DH / 8; ch += kChunk) {
+      __m256 acc[GB][kChunk];
+      for (int g = 0; g < GB; ++g)
+        for (int u = 0; u < kChunk; ++u) acc[g][u] = _mm256_setzero_ps();
+      for (int64_t b = 0; b < nblk; ++b) {
+        const int8_t* base = rows_of(vc, b, kh + h) + 8 * ch;
+        const float* pb = sh + b * bs;
+        for (int64_t r = 0, t1 = std::min(bs, L - b * bs); r < t1; ++r) {
+          const int8_t* vr = base + r * rowb;
+          __m256 p[GB];
+          for (int g = 0; g < GB; ++g) p[g] = _mm256_broadcast_ss(pb + g * L + r);
+          for (int u = 0; u < kChunk; ++u) {
+            const __m256 vv = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(vr + 8 * u))));
+            for (int g = 0; g < GB; ++g) acc[g][u] = _mm256_fmadd_ps(p[g], vv, acc[g][u]);
+          }
+        }
+      }
+      for (int g = 0; g < GB; ++g)
+        for (int u = 0; u < kChunk; ++u) _mm256_storeu_ps(oh + g * DH + 8 * (ch + u), acc[g][u]);
+    }
+  }
+}
+
+// KV heads kh .. kh + nh of one row (nh > 1 only when G <= 3): their G query heads in
+// passes of up to 3 (accumulators in registers; passes and head spans only group memory
+// traffic, never change a value's arithmetic).
 template <int DH>
-static void q8_item(const float* qd, const int8_t* kc, const int8_t* vc, const int32_t* table,
-                    int64_t L, int64_t G, int64_t rowb, int64_t bs, int64_t kh, float scale,
-                    float* scores, float* od) {
+static void q8_item(const int8_t* qq, const float* qs, const int8_t* kc, const int8_t* vc,
+                    const int32_t* table, int64_t L, int64_t G, int64_t rowb, int64_t bs,
+                    int64_t kh, int64_t nh, float scale, float* scores, float* od) {
+  if (nh > 1) {
+    if (G == 3) q8_heads<DH, 3>(qq, qs, kc, vc, table, L, rowb, bs, kh, nh, scale, scores, od);
+    else if (G == 2) q8_heads<DH, 2>(qq, qs, kc, vc, table, L, rowb, bs, kh, nh, scale, scores, od);
+    else q8_heads<DH, 1>(qq, qs, kc, vc, table, L, rowb, bs, kh, nh, scale, scores, od);
+    return;
+  }
   for (int64_t g0 = 0; g0 < G;) {
     const int64_t gb = std::min<int64_t>(3, G - g0);
-    const float* q = qd + g0 * DH;
+    const int8_t* q = qq + g0 * (DH + kQ8ScaleBytes);
     float* o = od + g0 * DH;
-    if (gb == 3) q8_heads<DH, 3>(q, kc, vc, table, L, rowb, bs, kh, scale, scores, o);
-    else if (gb == 2) q8_heads<DH, 2>(q, kc, vc, table, L, rowb, bs, kh, scale, scores, o);
-    else q8_heads<DH, 1>(q, kc, vc, table, L, rowb, bs, kh, scale, scores, o);
+    if (gb == 3) q8_heads<DH, 3>(q, qs + g0, kc, vc, table, L, rowb, bs, kh, 1, scale, scores, o);
+    else if (gb == 2) q8_heads<DH, 2>(q, qs + g0, kc, vc, table, L, rowb, bs, kh, 1, scale, scores, o);
+    else q8_heads<DH, 1>(q, qs + g0, kc, vc, table, L, rowb, bs, kh, 1, scale, scores, o);
     g0 += gb;
   }
 }
@@ -207,25 +261,43 @@ void attend_rows_q8(const float* q, const int8_t* kc, const int8_t* vc, const in
                     bool portable) {
   const int64_t G = H / Hkv;
   const int64_t rowb = Hkv * q8_row_bytes(Dh);  // bytes between consecutive slots
-  const std::vector<int64_t> order = item_order(seq_of, D, Hkv);
-  at::parallel_for(0, D * Hkv, 1, [&](int64_t b0, int64_t e0) {
-    std::vector<float> scores;
+  // Work items: (row, KV head) as the float kernels, or whole rows (all KV heads in one
+  // walk over the slots: each slot's K bytes read once) when G <= 3 and there are rows
+  // enough to keep every thread busy.  Either way every value's arithmetic is the same.
+  bool simd = false;
+#ifdef ROSEINFER_AVX2
+  simd = !portable && (Dh == 32 || Dh == 64 || Dh == 128 || Dh == 256);
+#endif
+  const int64_t span = simd && G <= 3 && Hkv > 1 && D >= 2 * at::get_num_threads() ? Hkv : 1;
+  std::vector<int64_t> order;  // d * Hkv + first KV head, in item_order's order
+  for (int64_t item : item_order(seq_of, D, Hkv))
+    if (item % span == 0) order.push_back(item);
+  at::parallel_for(0, (int64_t)order.size(), 1, [&](int64_t b0, int64_t e0) {
+    std::vector<float> scores, qs(G * span);
+    std::vector<int8_t> qq(G * span * q8_row_bytes(Dh));  // the item's query heads, quantized
     for (int64_t i = b0; i < e0; ++i) {
       const int64_t item = order[i], d = item / Hkv, kh = item % Hkv;
       const int64_t L = lens[d];
-      scores.resize(G * L);
+      scores.resize(G * span * L);
       const float* qd = q + (d * H + kh * G) * Dh;
+      for (int64_t g = 0; g < G * span; ++g) {
+        int8_t* row = qq.data() + g * q8_row_bytes(Dh);
+        q8_store_head(row, qd + g * Dh, Dh);
+        qs[g] = q8_scale(row, Dh);
+      }
       const int32_t* table = bt + (int64_t)seq_of[d] * bt_stride;
       float* od = out + (d * H + kh * G) * Dh;
 #ifdef ROSEINFER_AVX2
-      if (!portable && (Dh == 32 || Dh == 64 || Dh == 128 || Dh == 256)) {
+      if (simd) {
         auto run = Dh == 32 ? q8_item<32> : Dh == 64 ? q8_item<64>
                  : Dh == 128 ? q8_item<128> : q8_item<256>;
-        run(qd, kc, vc, table, L, G, rowb, bs, kh, scale, scores.data(), od);
+        run(qq.data(), qs.data(), kc, vc, table, L, G, rowb, bs, kh, span, scale, scores.data(),
+            od);
         continue;
       }
 #endif
-      q8_item_portable(qd, kc, vc, table, L, G, rowb, bs, kh, Dh, scale, scores.data(), od);
+      q8_item_portable(qq.data(), qs.data(), kc, vc, table, L, G, rowb, bs, kh, Dh, scale,
+                       scores.data(), od);
     }
   });
 }
