@@ -11,7 +11,7 @@ from roseinfer.speculative_config import SpeculativeConfig
 
 _DTYPES = ("float32", "bfloat16", "float16")
 _KV_DTYPES = (*_DTYPES, "int8")
-_QUANTIZATIONS = ("auto", "none", "fp16", "fp16+bf16", "int8")
+_QUANTIZATIONS = ("auto", "none", "fp16", "fp16+bf16", "int8", "q8_0")
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,10 @@ class EngineConfig:
     #     it includes the bf16 copy where the CPU has AVX512-BF16 / AMX;
     #   "auto" (the default): int8 for float32 models on CPU - the fastest at every batch
     #     size, top-1 agreement with fp32 98.6% / perplexity +0.1% on 1-2 row steps,
-    #     fp16-exact elsewhere - and "none" on other devices.
+    #     fp16-exact elsewhere - and "none" on other devices;
+    #   "q8_0": "int8", except that F16 / BF16 matrices of a GGUF are requantized to Q8_0
+    #     at load (logged) instead of kept as stored: 1.06 bytes per weight instead of 2,
+    #     the speed of the path before issue #24 (docs/performance.md).
     quantization: str | None = "auto"
     # KV cache element type: "auto" (the default) = float16 when the weights are fp16 on
     # CPU (half the attention bytes; llama.cpp's default too), else the model dtype; or
@@ -184,7 +187,13 @@ class EngineConfig:
             return "none"
         if self.quantization == "auto":
             return "int8" if device_type == "cpu" and self.dtype == "float32" else "none"
+        if self.quantization == "q8_0":
+            return "int8"
         return self.quantization
+
+    def requantize_16bit_gguf(self) -> bool:
+        """F16 / BF16 GGUF matrices are requantized to Q8_0 at load ("q8_0")."""
+        return self.quantization == "q8_0"
 
     def resolved_kv_cache_dtype(self, device_type: str) -> str:
         """The KV cache element type actually used on a device of this type."""

@@ -57,8 +57,9 @@ def build_runner(
         from roseinfer.model.factory import load_model
 
         # Converted to ``quantization``, through the weight cache (docs/performance.md, Startup).
-        model, model_config, source = load_model(config.model, dtype, device, quantization,
-                                                 config.weight_cache)
+        model, model_config, source = load_model(
+            config.model, dtype, device, quantization, config.weight_cache,
+            requantize_16bit=config.requantize_16bit_gguf())
         tokenizer = tokenizer or Tokenizer.from_model_path(source, config.weight_cache)
         weights = Path(source)
     elif model_config is None:

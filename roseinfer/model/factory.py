@@ -44,15 +44,19 @@ _CONVERSION_CODE = ("model", "kernels")
 def load_model(
     model: str | Path | None, dtype: torch.dtype, device: torch.device,
     quantization: str | None = None, weight_cache: bool | None = None,
+    requantize_16bit: bool = False,
 ) -> tuple[nn.Module, ModelConfig, Path]:
     """Load weights (HF dir, GGUF or .pt; None = default model); return (model, config,
     source).  ``quantization`` (``"none"``, ``"int8"``...): convert to that format, using
     the weight cache unless ``weight_cache`` is False (None: ``cache_key.cache_enabled``);
-    None: return the model as loaded (no cache), for the caller's ``quantize_model``."""
+    None: return the model as loaded (no cache), for the caller's ``quantize_model``.
+    ``requantize_16bit``: a GGUF streamed in ``int8`` has its F16 / BF16 matrices
+    requantized to Q8_0 (``EngineConfig`` quantization ``"q8_0"``) rather than kept."""
     if quantization is not None:
         from roseinfer.model.gguf_stream import stream_gguf
 
-        streamed = stream_gguf(resolve_model_path(model), dtype, device, quantization)
+        streamed = stream_gguf(resolve_model_path(model), dtype, device, quantization,
+                               requantize_16bit)
         if streamed is not None:  # GGUF weights as stored, from the mmapped file: no cache
             return streamed
     ckpt = load_checkpoint(model)

@@ -17,7 +17,9 @@ kernels loaded (``kernels.gguf``), a Llama-family GGUF is never dequantized:
 
 A GGUF type the kernels do not run is a ``ValueError`` naming the tensor and its type
 (``quantization="none"`` loads any type dequantized).  F32 matrices (tiny test files)
-take the usual conversion (``quantize.convert_linear``: Q8_0).  Q4_1 layers keep the
+take the usual conversion (``quantize.convert_linear``: Q8_0), and so do F16 / BF16
+matrices when the user asked for it (``requantize_16bit``, quantization ``"q8_0"``:
+logged; as stored they read 2 bytes per weight, Q8_0 1.06).  Q4_1 layers keep the
 kernels' int8 copy for steps of more than 4 rows (``extra_copy``: faster there, one byte
 per weight) only while those copies stay under ``EXTRA_COPY_SHARE`` of the file: the
 memory target is 1.15 x the file + 0.35 GB, and the default model (98 MB, 106 M Q4_1
@@ -63,6 +65,7 @@ _FUSED = MappingProxyType({  # HF projection -> (our fused layer, its part's ord
     "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
     "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)})
 _F32 = GGMLQuantizationType.F32
+_FLOATS = frozenset({_F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16})
 
 
 def gguf_kernels_loaded() -> bool:
@@ -74,7 +77,8 @@ def gguf_kernels_loaded() -> bool:
 
 
 def stream_gguf(source: Path, dtype: torch.dtype, device: torch.device,
-                quantization: str) -> tuple[nn.Module, ModelConfig, Path] | None:
+                quantization: str, requantize_16bit: bool = False
+                ) -> tuple[nn.Module, ModelConfig, Path] | None:
     """(model, config, source) loaded by ``load_gguf_streamed`` when it serves this load:
     a Llama-family GGUF file, on CPU, float32 activations, the ``int8`` format and the
     GGUF kernels loaded; else None (the caller loads it the dequantizing way).  A
@@ -93,7 +97,7 @@ def stream_gguf(source: Path, dtype: torch.dtype, device: torch.device,
     config = gguf_model_config(gf)
     if not issubclass(get_model_class(config.architecture), LlamaForCausalLM):
         return None
-    return load_gguf_streamed(gf, config), config, source
+    return load_gguf_streamed(gf, config, requantize_16bit), config, source
 
 
 @dataclass
@@ -191,8 +195,15 @@ def _raw_part(raw: _RawFile, info: GGUFTensorInfo, arch: str, part: str,
     return rows
 
 
+def _converted(infos: list[GGUFTensorInfo], requantize_16bit: bool) -> bool:
+    """The layer takes ``convert_linear`` (Q8_0): an F32 part, or only float parts
+    (F32 / F16 / BF16) when 16-bit matrices are to be requantized."""
+    return (any(i.qtype == _F32 for i in infos)
+            or (requantize_16bit and all(i.qtype in _FLOATS for i in infos)))
+
+
 def _build_linear(gf: GGUFFile, raw: _RawFile, layer: _Layer, path: str, head: bool,
-                  config: ModelConfig, extra_copy: bool) -> Fp16Linear:
+                  config: ModelConfig, extra_copy: bool, requantize_16bit: bool) -> Fp16Linear:
     from roseinfer.kernels.gguf import make_gguf_linear
 
     arch = gf.architecture
@@ -201,9 +212,12 @@ def _build_linear(gf: GGUFFile, raw: _RawFile, layer: _Layer, path: str, head: b
     bias = _bias(gf, layer, arch, config)
     out_features = sum(i.shape[0] for i in infos)
     in_features = infos[0].shape[1]
-    if any(i.qtype == _F32 for i in infos):  # plain fp32 matrices: today's conversion
-        weight = torch.cat([to_hf_tensor(gf.read_tensor(i), arch, layer.parts[o], config)
-                            for o, i in zip(order, infos, strict=True)])
+    if _converted(infos, requantize_16bit):  # float matrices: the usual conversion
+        pieces = [to_hf_tensor(gf.read_tensor(i), arch, layer.parts[o], config)
+                  for o, i in zip(order, infos, strict=True)]
+        if len({p.dtype for p in pieces}) > 1:  # mixed float types: widened alike
+            pieces = [p.float() for p in pieces]
+        weight = torch.cat(pieces)
         module, _ = convert_linear(weight, bias, linear_format("int8"), head=head,
                                    act8=act8_layer(path))
         return module
@@ -221,8 +235,10 @@ def _embedding(gf: GGUFFile, raw: _RawFile, info: GGUFTensorInfo, config: ModelC
 
 
 @torch.no_grad()
-def load_gguf_streamed(gf: GGUFFile, config: ModelConfig) -> nn.Module:
-    """``gf``'s model (``config``: its), the weights as stored, in ``int8`` format."""
+def load_gguf_streamed(gf: GGUFFile, config: ModelConfig, requantize_16bit: bool = False
+                       ) -> nn.Module:
+    """``gf``'s model (``config``: its), the weights as stored, in ``int8`` format;
+    ``requantize_16bit``: F16 / BF16 matrices requantized to Q8_0 instead."""
     from roseinfer.kernels.gguf import gguf_kernel_types
 
     path = gf.path
@@ -239,12 +255,18 @@ def load_gguf_streamed(gf: GGUFFile, config: ModelConfig) -> nn.Module:
                  gguf_kernel_types())
     raw = _RawFile(path)
     extra_copy = _extra_copy(layers, path.stat().st_size)
+    requantized = [p for p, layer in layers.items()
+                   if requantize_16bit and _converted(list(layer.weights.values()), True)
+                   and not _converted(list(layer.weights.values()), False)]
+    if requantized:
+        logger.info("%s: %d F16/BF16 linear layers requantized to Q8_0 at load, as asked "
+                    "(quantization q8_0)", path.name, len(requantized))
     from roseinfer.model.progress import progress
 
     for lpath in progress(linear_paths(model), f"loading {path.name}", len(layers), unit="layer"):
         layer = layers[lpath]
         set_module(model, lpath, _build_linear(gf, raw, layer, lpath, lpath == "lm_head", config,
-                                               extra_copy))
+                                               extra_copy, requantize_16bit))
         for info in layer.weights.values():  # the kernel holds its own copy now
             raw.release(info)  # (the embedding's rows are read again as steps need them)
     model.model.embed_tokens = _embedding(gf, raw, embd, config)

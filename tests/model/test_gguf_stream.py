@@ -18,9 +18,10 @@ from torch import nn
 from roseinfer.bench.random_gguf import FORMATS, ModelShape, write_random_gguf
 from roseinfer.config import EngineConfig
 from roseinfer.engine.engine import LLMEngine
+from roseinfer.engine.runner_setup import build_runner
 from roseinfer.model.factory import load_model
 from roseinfer.model.gguf_embedding import GGUFEmbedding
-from roseinfer.model.quantize import Fp16Linear
+from roseinfer.model.quantize import Fp16Linear, quantize_model
 from tests.engine.invariance_helpers import (
     Arrival,
     assert_same_logits,
@@ -211,3 +212,38 @@ def test_directory_with_one_gguf_is_streamed(gguf_dir: Path, tmp_path: Path) -> 
     model, _, source = load_model(tmp_path, torch.float32, CPU, "int8", weight_cache=False)
     assert source == tmp_path / "model.gguf"
     assert isinstance(model.model.embed_tokens, GGUFEmbedding)
+
+
+@pytest.mark.parametrize("fmt", ["F16", "BF16"])
+def test_requantize_16bit_is_the_old_q8_0_path(gguf_dir: Path, fmt: str,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    """quantization "q8_0": a GGUF's F16 / BF16 matrices requantized to Q8_0 at load
+    (logged) give bitwise the logits of the old path (dequantized, then ``int8``)."""
+    path = tiny(gguf_dir, LLAMA, fmt)
+    with caplog.at_level("INFO", logger="roseinfer.model"):
+        requantized = load_model(path, torch.float32, CPU, "int8", weight_cache=False,
+                                 requantize_16bit=True)[0]
+    assert "requantized to Q8_0 at load" in caplog.text
+    old = load(path, "none")
+    quantize_model(old, "int8")
+    stored = load(path, "int8")
+    tokens = random_tokens(VOCAB, [24])[0]
+    got = prefill_logits(requantized, tokens)
+    assert torch.equal(got, prefill_logits(old, tokens))
+    assert not torch.equal(got, prefill_logits(stored, tokens))  # as stored: not Q8_0
+
+
+def test_engine_option_q8_0_requantizes(gguf_dir: Path) -> None:
+    """EngineConfig(quantization="q8_0") reaches the load (the runner's model is the old
+    path's, bitwise) and is "int8" everywhere else."""
+    path = tiny(gguf_dir, LLAMA, "F16")
+    config = EngineConfig(model=str(path), quantization="q8_0", num_kv_blocks=64,
+                          weight_cache=False)
+    assert config.resolved_quantization("cpu") == "int8" and config.requantize_16bit_gguf()
+    assert not EngineConfig(quantization="int8").requantize_16bit_gguf()
+    runner = build_runner(config, CPU, torch.float32, "int8", torch.float32, None, None,
+                          object())[0]  # type: ignore[arg-type]
+    old = load(path, "none")
+    quantize_model(old, "int8")
+    tokens = random_tokens(VOCAB, [12])[0]
+    assert torch.equal(prefill_logits(runner.model, tokens), prefill_logits(old, tokens))

@@ -162,13 +162,25 @@ void tile_q6k(const TileArgs& t) {
     prefetch_share(pf, pf_step, b);
     const int64_t j = j0 + b;
     const DBlock& o = blk[b];
+    if (wide) {
+      // Each half scaled as soon as it is summed (the same two fp32 steps in the same
+      // order): one half's accumulators live at a time, no spills around the asm.
+      for (int h = 0; h < 2; ++h) {
+        const int16_t* xr[MR];
+        for (int m = 0; m < MR; ++m) xr[m] = xq + m * K + j * 32 + 16 * h;
+        __m256i a[MR][2];
+        start_at<MR>(a, xs, KH, 2 * j + h, 1, 0);
+        steps_int<MR, 8, Head::I16>(xr, o.qp + 512 * h, a);
+        scale_add<MR>(acc, a, dx, KB, j, h ? o.d1 : o.d0);
+      }
+      continue;
+    }
     __m256i a[2][MR][2];
     for (int h = 0; h < 2; ++h) {
       const int16_t* xr[MR];
       for (int m = 0; m < MR; ++m) xr[m] = xq + m * K + j * 32 + 16 * h;
-      start_at<MR>(a[h], xs, KH, 2 * j + h, 1, wide ? 0 : 32);
-      if (wide) steps_int<MR, 8, Head::I16>(xr, o.qp + 512 * h, a[h]);
-      else q6k_half<MR>(xr, o.qp + 192 * h, a[h]);
+      start_at<MR>(a[h], xs, KH, 2 * j + h, 1, 32);
+      q6k_half<MR>(xr, o.qp + 192 * h, a[h]);
     }
     q6k_scale<MR>(acc, a[0], a[1], dx, KB, j, o.d0, o.d1);
   }
