@@ -80,8 +80,8 @@ class Sampler:
         logits = logits.float()  # no copy when already float32
         plain = not (batch.any_penalty or batch.any_suppress or batch.logit_bias is not None)
         if batch.all_greedy and plain and batch.max_num_logprobs is None:
-            token_ids = logits.argmax(dim=-1)  # a NaN / +inf row picks a non-finite entry
-            return SamplerOutput(token_ids, None, None, _finite_at(logits, token_ids))
+            values, token_ids = logits.max(dim=-1)  # = argmax (a NaN row picks its first NaN)
+            return SamplerOutput(token_ids, None, None, torch.isfinite(values))
 
         # Out-of-place below: the caller's logits are never modified.
         x = logits  # [B, V]
@@ -156,6 +156,15 @@ def top_logprobs(raw: Tensor, n: int) -> tuple[Tensor, Tensor]:
         sorted_values, order = row[cand].sort(descending=True, stable=True)
         values[r, :n], ids[r, :n] = sorted_values[:n], cand[order[:n]]
     return ids[:, :n], values[:, :n]
+
+
+def greedy_tokens(logits: Tensor) -> tuple[list[int], list[bool]]:
+    """The all-greedy, unconstrained batch's result without a ``SamplingBatch``: each row
+    of [B, V] logits' argmax (``max`` along V: its first maximum, its first NaN in a row
+    with one, as ``argmax``) and whether that entry is finite (False: nothing to sample),
+    as ``Sampler`` gives them for such a batch."""
+    values, ids = logits.float().max(dim=-1)  # [B] each: one pass over the logits
+    return ids.tolist(), torch.isfinite(values).tolist()
 
 
 def _finite_at(x: Tensor, ids: Tensor) -> Tensor:
