@@ -30,7 +30,8 @@ from roseinfer.engine.request import Request
 from roseinfer.engine.scheduler import ScheduledRequest
 from roseinfer.runner.model_runner import StepLogits
 from roseinfer.runner.rejection_sampler import RejectionSampler
-from roseinfer.runner.sampler import Sampler, SamplerOutput, SamplingBatch
+from roseinfer.runner.sampler import Sampler, SamplerOutput, SamplingBatch, greedy_tokens
+from roseinfer.runner.sampling_batch import is_plain_greedy
 
 if TYPE_CHECKING:
     from roseinfer.engine.structured.decoding import GrammarMasks
@@ -100,6 +101,12 @@ class StepSampler:
             if r.num_output_tokens + len(before) < r.params.min_tokens else []
             for r, before in rows
         ]
+        if (masks is None and len(rows) == len(requests) and not any(suppress)
+                and all(is_plain_greedy(r.params) for r in requests)):
+            # Greedy rows, nothing to mask or penalise: one max over the logits (the
+            # sampler's all-greedy result, without building a SamplingBatch).
+            ids, finite = greedy_tokens(logits)
+            return [[t] if ok else [] for t, ok in zip(ids, finite, strict=True)]
         row_requests = [r for r, _ in rows]
         batch = SamplingBatch.from_requests(
             [r.params for r in row_requests], [r.prompt_token_ids for r in row_requests],

@@ -60,9 +60,9 @@ class AttentionMetadata:
     slot_mapping: Tensor  # [T] int64 flat KV slot where each new token's K/V is written
     logits_indices: Tensor  # [num_seqs] int64 flat index of each sequence's last token
     num_decode_tokens: int  # D: sequences 0..D-1 have one new token each = tokens 0..D-1
-    # Decode part (D rows; Lmax = longest decode context, 0 when D == 0).
-    decode_slot_indices: Tensor  # [D, Lmax] int64 context slots (padding repeats the last one)
-    decode_mask: Tensor  # [D, Lmax] bool, True where the slot is a real context token
+    # Decode part (D rows; Lmax = longest decode context, 0 when D == 0); its padded
+    # [D, Lmax] tables (``decode_slot_indices``, ``decode_mask``) are built on first use:
+    # the C++ decoder stack never reads them.
     decode_context_lens: Tensor  # [D] int64 context length (num_computed + 1)
     max_decode_context_len: int  # Lmax
     block_size: int  # tokens per KV block
@@ -75,6 +75,27 @@ class AttentionMetadata:
     # LoRA adapters of the step's rows (a ``roseinfer.lora.forward.LoRABatch``), set by
     # the runner when any row has one; the model then runs it (None: base model only).
     lora: Any = None
+    _decode_tables: tuple[Tensor, Tensor] | None = None  # (slots, mask), built on first use
+
+    @property
+    def decode_slot_indices(self) -> Tensor:
+        """[D, Lmax] int64 context slots of the decode rows (padding repeats the last one:
+        always-written memory, so an uninitialised (NaN) cache never leaks through the
+        masked softmax)."""
+        return self._decode_part()[0]
+
+    @property
+    def decode_mask(self) -> Tensor:
+        """[D, Lmax] bool, True where ``decode_slot_indices`` is a real context token."""
+        return self._decode_part()[1]
+
+    def _decode_part(self) -> tuple[Tensor, Tensor]:
+        if self._decode_tables is None:
+            assert self.block_tables is not None, "the builder always sets block_tables"
+            self._decode_tables = _decode_tables(
+                self.block_tables[:self.num_decode_tokens].long(), self.decode_context_lens,
+                self.max_decode_context_len, self.block_size)
+        return self._decode_tables
 
     @property
     def num_tokens(self) -> int:
@@ -87,11 +108,11 @@ class AttentionMetadata:
         return int(self.logits_indices.shape[0])
 
 
-def _padded_block_tables(seqs: list[SeqSpec]) -> Tensor:
-    """[N, max_blocks] int64 block tables, padded with block 0 (never indexed)."""
+def _padded_block_tables(seqs: list[SeqSpec], dtype: torch.dtype = torch.int64) -> Tensor:
+    """[N, max_blocks] block tables, padded with block 0 (never indexed)."""
     width = max(1, max(len(s.block_table) for s in seqs))
     rows = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
-    return torch.tensor(rows, dtype=torch.int64)  # [N, W]
+    return torch.tensor(rows, dtype=dtype)  # [N, W]
 
 
 def _slots_for(
@@ -130,6 +151,8 @@ def build_attention_metadata(
                 )
             num_decodes += 1
 
+    if num_decodes == len(seqs):
+        return _decode_only(seqs, block_size, device)
     block_tables = _padded_block_tables(seqs)  # [N, W]
     num_computed = torch.tensor([s.num_computed_tokens for s in seqs], dtype=torch.int64)  # [N]
     num_new = torch.tensor([s.num_new_tokens for s in seqs], dtype=torch.int64)  # [N]
@@ -145,17 +168,10 @@ def build_attention_metadata(
     slot_mapping = _slots_for(block_tables, seq_of_tok, positions, block_size)  # [T]
     logits_indices = cu_new - 1  # [N]
 
-    # Decode part: padded [D, Lmax] context slots.
+    # Decode part: context lengths (its padded slot tables are built on first use).
     d = num_decodes
     dec_lens = num_computed[:d] + 1  # [D]
     lmax = int(dec_lens.max()) if d > 0 else 0
-    cols = torch.arange(lmax)  # [Lmax]
-    dec_mask = cols.unsqueeze(0) < dec_lens.unsqueeze(1)  # [D, Lmax]
-    dec_pos = torch.minimum(cols.unsqueeze(0), (dec_lens - 1).unsqueeze(1))  # [D, Lmax] clamped
-    dec_rows = torch.arange(d).unsqueeze(1).expand(d, lmax)  # [D, Lmax]
-    # Padded columns repeat the last real slot: always-written memory, so an
-    # uninitialised (NaN) cache never leaks through the masked softmax.
-    dec_slots = _slots_for(block_tables, dec_rows, dec_pos, block_size)  # [D, Lmax]
 
     # Prefill part: all context slots of the remaining sequences in one flat tensor.
     prefills: list[PrefillMetadata] = []
@@ -189,8 +205,6 @@ def build_attention_metadata(
         slot_mapping=slot_mapping.to(device),
         logits_indices=logits_indices.to(device),
         num_decode_tokens=d,
-        decode_slot_indices=dec_slots.to(device),
-        decode_mask=dec_mask.to(device),
         decode_context_lens=dec_lens.to(device),
         max_decode_context_len=lmax,
         block_size=block_size,
@@ -199,3 +213,38 @@ def build_attention_metadata(
         token_seq=seq_of_tok.to(torch.int32).to(device),
         token_context_lens=(positions + 1).to(torch.int32).to(device),
     )
+
+
+def _decode_only(seqs: list[SeqSpec], block_size: int, device: torch.device
+                 ) -> AttentionMetadata:
+    """The metadata of a step of decode sequences only (one new token each), from Python
+    ints: the same values as the general builder, without its ~20 small tensor ops."""
+    pos = [s.num_computed_tokens for s in seqs]
+    slots = [s.block_table[p // block_size] * block_size + p % block_size
+             for s, p in zip(seqs, pos, strict=True)]
+    lens = [p + 1 for p in pos]
+    d = len(seqs)
+    return AttentionMetadata(
+        positions=torch.tensor(pos, dtype=torch.int64, device=device),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+        logits_indices=torch.arange(d, dtype=torch.int64, device=device),
+        num_decode_tokens=d,
+        decode_context_lens=torch.tensor(lens, dtype=torch.int64, device=device),
+        max_decode_context_len=max(lens),
+        block_size=block_size,
+        block_tables=_padded_block_tables(seqs, torch.int32).to(device),
+        token_seq=torch.arange(d, dtype=torch.int32, device=device),
+        token_context_lens=torch.tensor(lens, dtype=torch.int32, device=device),
+    )
+
+
+def _decode_tables(block_tables: Tensor, lens: Tensor, lmax: int, block_size: int
+                   ) -> tuple[Tensor, Tensor]:
+    """([D, Lmax] int64 context slots, [D, Lmax] bool mask) of decode rows with block
+    tables [D, W] int64 and context lengths [D]; padded columns repeat the last slot."""
+    d = int(lens.shape[0])
+    cols = torch.arange(lmax, device=lens.device)  # [Lmax]
+    mask = cols.unsqueeze(0) < lens.unsqueeze(1)  # [D, Lmax]
+    pos = torch.minimum(cols.unsqueeze(0), (lens - 1).unsqueeze(1))  # [D, Lmax] clamped
+    rows = torch.arange(d, device=lens.device).unsqueeze(1).expand(d, lmax)  # [D, Lmax]
+    return _slots_for(block_tables, rows, pos, block_size), mask

@@ -144,6 +144,15 @@ class SamplingBatch:
         )
 
 
+def is_plain_greedy(p: SamplingParams) -> bool:
+    """True when a row of ``p`` samples its argmax of the raw logits: greedy, with no
+    penalty, bias, allowed-token list or logprobs (min_tokens suppression and grammar
+    masks are the caller's to rule out)."""
+    return (p.temperature < _GREEDY_EPS and p.repetition_penalty == 1.0
+            and not p.presence_penalty and not p.frequency_penalty and not p.logit_bias
+            and p.allowed_token_ids is None and p.logprobs is None)
+
+
 def _token_counts(rows: Sequence[Sequence[int]], vocab_size: int, device: torch.device) -> Tensor:
     """[B, V] float32 occurrence counts of each row's token ids (one scatter_add)."""
     b = len(rows)

@@ -88,3 +88,30 @@ def test_large_decode_batch_is_cheap() -> None:
     assert m.decode_slot_indices.shape == (64, 1000 + 7 * 63 + 1)
     assert int(m.slot_mapping[5]) == 5 * 80 * block_size + 1035
     assert elapsed < 0.25, f"building metadata took {elapsed:.3f}s"
+
+
+def test_decode_only_step_matches_the_general_builder() -> None:
+    """A step of decodes only (built from Python ints) gives its rows the same values and
+    dtypes as the general builder does when a prefill follows them."""
+    decodes = [SeqSpec(5, 1, [7, 2]), SeqSpec(0, 1, [3]), SeqSpec(8, 1, [4, 1, 6])]
+    alone = build_attention_metadata(decodes, 4, CPU)
+    mixed = build_attention_metadata(decodes + [SeqSpec(0, 2, [9])], 4, CPU)
+    d = len(decodes)
+    assert alone.num_decode_tokens == mixed.num_decode_tokens == d and alone.prefills == []
+    assert alone.max_decode_context_len == mixed.max_decode_context_len == 9
+    pairs = [
+        (alone.positions, mixed.positions[:d]),
+        (alone.slot_mapping, mixed.slot_mapping[:d]),
+        (alone.logits_indices, mixed.logits_indices[:d]),
+        (alone.decode_context_lens, mixed.decode_context_lens),
+        (alone.decode_slot_indices, mixed.decode_slot_indices),
+        (alone.decode_mask, mixed.decode_mask),
+        (alone.block_tables, mixed.block_tables[:d]),
+        (alone.token_seq, mixed.token_seq[:d]),
+        (alone.token_context_lens, mixed.token_context_lens[:d]),
+    ]
+    for a, b in pairs:
+        assert a is not None and b is not None
+        assert a.dtype == b.dtype and torch.equal(a, b), (a, b)
+    assert torch.equal(alone.slot_mapping, _t([9, 12, 24]))
+    assert alone.token_seq.dtype == torch.int32 and alone.block_tables.dtype == torch.int32

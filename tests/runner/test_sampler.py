@@ -14,7 +14,9 @@ from roseinfer.runner.sampler import (
     apply_min_p,
     apply_penalties,
     apply_top_k_top_p,
+    greedy_tokens,
 )
+from roseinfer.runner.sampling_batch import is_plain_greedy
 from roseinfer.sampling_params import SamplingParams
 
 CPU = torch.device("cpu")
@@ -370,3 +372,37 @@ def test_unsampleable_row_is_flagged_and_ids_stay_in_vocab(params, bad) -> None:
     ids = out.token_ids.tolist()
     assert all(0 <= t < v for t in ids)
     assert out.valid is not None and out.valid.tolist() == [True, False, True]
+
+
+def test_greedy_tokens_equal_the_samplers_greedy_rows() -> None:
+    """The engine's all-greedy shortcut (no SamplingBatch) picks what the sampler picks,
+    ties (first maximum), NaN (first NaN), +inf and all -inf rows included, and flags
+    the same rows as unsampleable."""
+    nan, inf = float("nan"), float("inf")
+    logits = torch.randn(8, 50, generator=gen(0))
+    logits[1, 4] = logits[1, 9] = logits[1].max() + 1  # a tie
+    logits[2, 6], logits[2, 30] = nan, nan
+    logits[3, 11], logits[3, 40] = inf, inf
+    logits[4] = -inf
+    logits[5, 3], logits[5, 8] = inf, nan
+    params = [SamplingParams(temperature=0.0)] * 8
+    out = Sampler()(logits, make_batch(params, 50))
+    ids, finite = greedy_tokens(logits)
+    assert ids == out.token_ids.tolist() == logits.argmax(-1).tolist()
+    assert out.valid is not None and finite == out.valid.tolist()
+    assert ids[1:6] == [4, 6, 11, 0, 8] and finite[:6] == [True, True, False, False, False, False]
+
+
+@pytest.mark.parametrize(("params", "plain"), [
+    (SamplingParams(temperature=0.0), True),
+    (SamplingParams(temperature=0.0, logit_bias={}), True),
+    (SamplingParams(temperature=0.5), False),
+    (SamplingParams(temperature=0.0, repetition_penalty=1.1), False),
+    (SamplingParams(temperature=0.0, presence_penalty=0.5), False),
+    (SamplingParams(temperature=0.0, frequency_penalty=0.5), False),
+    (SamplingParams(temperature=0.0, logit_bias={3: 1.0}), False),
+    (SamplingParams(temperature=0.0, allowed_token_ids=(1, 2)), False),
+    (SamplingParams(temperature=0.0, logprobs=0), False),
+])
+def test_is_plain_greedy(params: SamplingParams, plain: bool) -> None:
+    assert is_plain_greedy(params) is plain

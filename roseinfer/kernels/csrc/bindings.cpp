@@ -19,6 +19,7 @@
 //   torch.ops.roseinfer.paged_attention_portable(...): the same, an int8 cache's scalar
 //       implementation (tests: the same bits as the AVX2 one)
 //   torch.ops.roseinfer.rms_norm(x, w, eps), .silu_mul(gate_up),
+//   torch.ops.roseinfer.row_argmax(logits [B, V]) -> (values [B], ids [B]): greedy picks
 //   torch.ops.roseinfer.rope_and_cache_(qkv, positions, cos_sin, kv_cache, slot_mapping,
 //                                       num_heads, num_kv_heads)   (in place)
 // Layouts follow docs/CONTRACTS.md: kv_cache [2, slots, Hkv, Dh] float32; slot of
@@ -27,6 +28,7 @@
 #include "attention.h"
 #include "linear.h"
 #include "lora.h"
+#include "row_argmax.h"
 #include "rowops.h"
 #include "stack.h"
 
@@ -77,6 +79,8 @@ TORCH_LIBRARY(roseinfer, m) {
   m.impl("rms_norm", c10::DispatchKey::CPU, &roseinfer::rms_norm_op);
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.impl("silu_mul", c10::DispatchKey::CPU, &roseinfer::silu_mul_op);
+  m.def("row_argmax(Tensor logits) -> (Tensor, Tensor)");
+  m.impl("row_argmax", c10::DispatchKey::CPU, &roseinfer::row_argmax_op);
   m.def(
       "rope_and_cache_(Tensor(a!) qkv, Tensor positions, Tensor cos_sin, Tensor(b!) kv_cache, "
       "Tensor slot_mapping, int num_heads, int num_kv_heads) -> ()");
