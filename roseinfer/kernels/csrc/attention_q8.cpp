@@ -137,119 +137,103 @@ static inline void dots4(const int8_t* qq, const int8_t* const (&k)[4], __m128i 
   }
 }
 
-// KV heads kh .. kh + nh of one row, GB query heads each (attend_heads of attention.cpp
-// over int8 rows); qq: those nh * GB query heads' quantized rows (kv_q8.h layout), qs
-// their scales; scores [nh * GB, L]; od [nh * GB, DH].  The scores of all nh KV heads are
-// computed in one walk over the K slots (each slot's rows read once, nh of them side by
-// side), then each KV head's softmax and P.V.
+// Query heads [0, GB) of one (row, KV head) item (attend_heads of attention.cpp over
+// int8 rows); qq: their quantized rows (kv_q8.h layout), qs their scales; scores [GB, L];
+// od [GB, DH].  Block-wise walks over the slots (no per-position cursor), the next block
+// prefetched.
 template <int DH, int GB>
 static void q8_heads(const int8_t* qq, const float* qs, const int8_t* kc, const int8_t* vc,
                      const int32_t* table, int64_t L, int64_t rowb, int64_t bs, int64_t kh,
-                     int64_t nh, float scale, float* scores, float* od) {
+                     float scale, float* scores, float* od) {
   static_assert(DH % 32 == 0, "32 int8 values per vector");
   constexpr int64_t kHead = DH + kQ8ScaleBytes;
   const int8_t* zero = reinterpret_cast<const int8_t*>(kZeroRow);
   const int64_t nblk = (L + bs - 1) / bs, bstride = bs * rowb;
-  // Block b's first row of head h (block-wise walks: no per-position cursor).
-  auto rows_of = [&](const int8_t* half, int64_t b, int64_t h) {
-    return half + table[b] * bstride + h * kHead;
+  // Block b's first row of head kh.
+  auto rows_of = [&](const int8_t* half, int64_t b) {
+    return half + table[b] * bstride + kh * kHead;
   };
-  auto prefetch_block = [&](const int8_t* half, int64_t b, int64_t h, int64_t heads) {
-    const int8_t* r = rows_of(half, b, h);
+  auto prefetch_block = [&](const int8_t* half, int64_t b) {
+    const int8_t* r = rows_of(half, b);
     for (int64_t j = 0, n = std::min(bs, L - b * bs); j < n; ++j)
-      prefetch_row(r + j * rowb, heads * kHead);
+      prefetch_row(r + j * rowb, kHead);
   };
-  prefetch_block(kc, 0, kh, nh);  // one block ahead
+  prefetch_block(kc, 0);  // one block ahead
   const __m128 sc = _mm_set1_ps(scale);
   for (int64_t b = 0; b < nblk; ++b) {
-    if (b + 1 < nblk) prefetch_block(kc, b + 1, kh, nh);
+    if (b + 1 < nblk) prefetch_block(kc, b + 1);
     const int64_t t1 = std::min(bs, L - b * bs);
-    for (int64_t h = 0; h < nh; ++h) {
-      const int8_t* base = rows_of(kc, b, kh + h);
-      float* sh = scores + h * GB * L;
-      for (int64_t r = 0; r < t1; r += 4) {
-        const int64_t n = std::min<int64_t>(4, t1 - r), t0 = b * bs + r;
-        const int8_t* k[4];
-        alignas(16) float ks[4];
-        for (int64_t j = 0; j < 4; ++j) {
-          k[j] = j < n ? base + (r + j) * rowb : zero;
-          ks[j] = q8_scale(k[j], DH);
-        }
-        __m128i d[GB];
-        dots4<DH, GB>(qq + h * GB * kHead, k, d);
-        const __m128 sk = _mm_load_ps(ks);
-        for (int g = 0; g < GB; ++g) {
-          const __m128 s =
-              _mm_mul_ps(_mm_cvtepi32_ps(d[g]), _mm_mul_ps(_mm_set1_ps(qs[h * GB + g]), sk));
-          if (n == 4) {
-            _mm_storeu_ps(sh + g * L + t0, _mm_mul_ps(s, sc));
-          } else {
-            alignas(16) float tmp[4];
-            _mm_store_ps(tmp, _mm_mul_ps(s, sc));
-            for (int64_t j = 0; j < n; ++j) sh[g * L + t0 + j] = tmp[j];
-          }
+    const int8_t* base = rows_of(kc, b);
+    for (int64_t r = 0; r < t1; r += 4) {
+      const int64_t n = std::min<int64_t>(4, t1 - r), t0 = b * bs + r;
+      const int8_t* k[4];
+      alignas(16) float ks[4];
+      for (int64_t j = 0; j < 4; ++j) {
+        k[j] = j < n ? base + (r + j) * rowb : zero;
+        ks[j] = q8_scale(k[j], DH);
+      }
+      __m128i d[GB];
+      dots4<DH, GB>(qq, k, d);
+      const __m128 sk = _mm_load_ps(ks);
+      for (int g = 0; g < GB; ++g) {
+        const __m128 s = _mm_mul_ps(_mm_cvtepi32_ps(d[g]), _mm_mul_ps(_mm_set1_ps(qs[g]), sk));
+        if (n == 4) {
+          _mm_storeu_ps(scores + g * L + t0, _mm_mul_ps(s, sc));
+        } else {
+          alignas(16) float tmp[4];
+          _mm_store_ps(tmp, _mm_mul_ps(s, sc));
+          for (int64_t j = 0; j < n; ++j) scores[g * L + t0 + j] = tmp[j];
         }
       }
     }
   }
-  for (int64_t h = 0; h < nh; ++h) {
-    float* sh = scores + h * GB * L;
-    float* oh = od + h * GB * DH;
-    prefetch_block(vc, 0, kh + h, 1);
-    for (int g = 0; g < GB; ++g) softmax_row(sh + g * L, L);
-    for (int64_t b = 0; b < nblk; ++b) {  // p_t * vscale_t; the V rows into cache
-      if (b + 1 < nblk) prefetch_block(vc, b + 1, kh + h, 1);
-      const int8_t* base = rows_of(vc, b, kh + h);
-      for (int64_t r = 0, t1 = std::min(bs, L - b * bs); r < t1; ++r) {
-        const float sv = q8_scale(base + r * rowb, DH);
-        for (int g = 0; g < GB; ++g) sh[g * L + b * bs + r] *= sv;
-      }
+  prefetch_block(vc, 0);
+  for (int g = 0; g < GB; ++g) softmax_row(scores + g * L, L);
+  for (int64_t b = 0; b < nblk; ++b) {  // p_t * vscale_t; the V rows into cache
+    if (b + 1 < nblk) prefetch_block(vc, b + 1);
+    const int8_t* base = rows_of(vc, b);
+    for (int64_t r = 0, t1 = std::min(bs, L - b * bs); r < t1; ++r) {
+      const float sv = q8_scale(base + r * rowb, DH);
+      for (int g = 0; g < GB; ++g) scores[g * L + b * bs + r] *= sv;
     }
-    constexpr int kChunk = DH / 8 < 4 ? DH / 8 : 4;  // vectors per pass
-    for (int ch = 0; ch < DH / 8; ch += kChunk) {
-      __m256 acc[GB][kChunk];
-      for (int g = 0; g < GB; ++g)
-        for (int u = 0; u < kChunk; ++u) acc[g][u] = _mm256_setzero_ps();
-      for (int64_t b = 0; b < nblk; ++b) {
-        const int8_t* base = rows_of(vc, b, kh + h) + 8 * ch;
-        const float* pb = sh + b * bs;
-        for (int64_t r = 0, t1 = std::min(bs, L - b * bs); r < t1; ++r) {
-          const int8_t* vr = base + r * rowb;
-          __m256 p[GB];
-          for (int g = 0; g < GB; ++g) p[g] = _mm256_broadcast_ss(pb + g * L + r);
-          for (int u = 0; u < kChunk; ++u) {
-            const __m256 vv = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(vr + 8 * u))));
-            for (int g = 0; g < GB; ++g) acc[g][u] = _mm256_fmadd_ps(p[g], vv, acc[g][u]);
-          }
+  }
+  constexpr int kChunk = DH / 8 < 4 ? DH / 8 : 4;  // vectors per pass
+  for (int ch = 0; ch < DH / 8; ch += kChunk) {
+    __m256 acc[GB][kChunk];
+    for (int g = 0; g < GB; ++g)
+      for (int u = 0; u < kChunk; ++u) acc[g][u] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nblk; ++b) {
+      const int8_t* base = rows_of(vc, b) + 8 * ch;
+      const float* pb = scores + b * bs;
+      for (int64_t r = 0, t1 = std::min(bs, L - b * bs); r < t1; ++r) {
+        const int8_t* vr = base + r * rowb;
+        __m256 p[GB];
+        for (int g = 0; g < GB; ++g) p[g] = _mm256_broadcast_ss(pb + g * L + r);
+        for (int u = 0; u < kChunk; ++u) {
+          const __m256 vv = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(vr + 8 * u))));
+          for (int g = 0; g < GB; ++g) acc[g][u] = _mm256_fmadd_ps(p[g], vv, acc[g][u]);
         }
       }
-      for (int g = 0; g < GB; ++g)
-        for (int u = 0; u < kChunk; ++u) _mm256_storeu_ps(oh + g * DH + 8 * (ch + u), acc[g][u]);
     }
+    for (int g = 0; g < GB; ++g)
+      for (int u = 0; u < kChunk; ++u) _mm256_storeu_ps(od + g * DH + 8 * (ch + u), acc[g][u]);
   }
 }
 
-// KV heads kh .. kh + nh of one row (nh > 1 only when G <= 3): their G query heads in
-// passes of up to 3 (accumulators in registers; passes and head spans only group memory
-// traffic, never change a value's arithmetic).
+// One item's G heads in passes of up to 3 (accumulators in registers; passes only group
+// memory traffic, never change a value's arithmetic).
 template <int DH>
 static void q8_item(const int8_t* qq, const float* qs, const int8_t* kc, const int8_t* vc,
                     const int32_t* table, int64_t L, int64_t G, int64_t rowb, int64_t bs,
-                    int64_t kh, int64_t nh, float scale, float* scores, float* od) {
-  if (nh > 1) {
-    if (G == 3) q8_heads<DH, 3>(qq, qs, kc, vc, table, L, rowb, bs, kh, nh, scale, scores, od);
-    else if (G == 2) q8_heads<DH, 2>(qq, qs, kc, vc, table, L, rowb, bs, kh, nh, scale, scores, od);
-    else q8_heads<DH, 1>(qq, qs, kc, vc, table, L, rowb, bs, kh, nh, scale, scores, od);
-    return;
-  }
+                    int64_t kh, float scale, float* scores, float* od) {
   for (int64_t g0 = 0; g0 < G;) {
     const int64_t gb = std::min<int64_t>(3, G - g0);
     const int8_t* q = qq + g0 * (DH + kQ8ScaleBytes);
     float* o = od + g0 * DH;
-    if (gb == 3) q8_heads<DH, 3>(q, qs + g0, kc, vc, table, L, rowb, bs, kh, 1, scale, scores, o);
-    else if (gb == 2) q8_heads<DH, 2>(q, qs + g0, kc, vc, table, L, rowb, bs, kh, 1, scale, scores, o);
-    else q8_heads<DH, 1>(q, qs + g0, kc, vc, table, L, rowb, bs, kh, 1, scale, scores, o);
+    if (gb == 3) q8_heads<DH, 3>(q, qs + g0, kc, vc, table, L, rowb, bs, kh, scale, scores, o);
+    else if (gb == 2) q8_heads<DH, 2>(q, qs + g0, kc, vc, table, L, rowb, bs, kh, scale, scores, o);
+    else q8_heads<DH, 1>(q, qs + g0, kc, vc, table, L, rowb, bs, kh, scale, scores, o);
     g0 += gb;
   }
 }
@@ -261,26 +245,20 @@ void attend_rows_q8(const float* q, const int8_t* kc, const int8_t* vc, const in
                     bool portable) {
   const int64_t G = H / Hkv;
   const int64_t rowb = Hkv * q8_row_bytes(Dh);  // bytes between consecutive slots
-  // Work items: (row, KV head) as the float kernels, or whole rows (all KV heads in one
-  // walk over the slots: each slot's K bytes read once) when G <= 3 and there are rows
-  // enough to keep every thread busy.  Either way every value's arithmetic is the same.
   bool simd = false;
 #ifdef ROSEINFER_AVX2
   simd = !portable && (Dh == 32 || Dh == 64 || Dh == 128 || Dh == 256);
 #endif
-  const int64_t span = simd && G <= 3 && Hkv > 1 && D >= 2 * at::get_num_threads() ? Hkv : 1;
-  std::vector<int64_t> order;  // d * Hkv + first KV head, in item_order's order
-  for (int64_t item : item_order(seq_of, D, Hkv))
-    if (item % span == 0) order.push_back(item);
-  at::parallel_for(0, (int64_t)order.size(), 1, [&](int64_t b0, int64_t e0) {
-    std::vector<float> scores, qs(G * span);
-    std::vector<int8_t> qq(G * span * q8_row_bytes(Dh));  // the item's query heads, quantized
+  const std::vector<int64_t> order = item_order(seq_of, D, Hkv);
+  at::parallel_for(0, D * Hkv, 1, [&](int64_t b0, int64_t e0) {
+    std::vector<float> scores, qs(G);
+    std::vector<int8_t> qq(G * q8_row_bytes(Dh));  // the item's query heads, quantized
     for (int64_t i = b0; i < e0; ++i) {
       const int64_t item = order[i], d = item / Hkv, kh = item % Hkv;
       const int64_t L = lens[d];
-      scores.resize(G * span * L);
+      scores.resize(G * L);
       const float* qd = q + (d * H + kh * G) * Dh;
-      for (int64_t g = 0; g < G * span; ++g) {
+      for (int64_t g = 0; g < G; ++g) {
         int8_t* row = qq.data() + g * q8_row_bytes(Dh);
         q8_store_head(row, qd + g * Dh, Dh);
         qs[g] = q8_scale(row, Dh);
@@ -291,8 +269,7 @@ void attend_rows_q8(const float* q, const int8_t* kc, const int8_t* vc, const in
       if (simd) {
         auto run = Dh == 32 ? q8_item<32> : Dh == 64 ? q8_item<64>
                  : Dh == 128 ? q8_item<128> : q8_item<256>;
-        run(qq.data(), qs.data(), kc, vc, table, L, G, rowb, bs, kh, span, scale, scores.data(),
-            od);
+        run(qq.data(), qs.data(), kc, vc, table, L, G, rowb, bs, kh, scale, scores.data(), od);
         continue;
       }
 #endif
