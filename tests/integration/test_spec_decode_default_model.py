@@ -36,7 +36,7 @@ MAX_TOKENS = 48
 
 
 def engines(**options: object) -> tuple[LLMEngine, LLMEngine]:
-    options.setdefault("num_threads", 1)
+    options.setdefault("num_threads", 2)
     return (LLMEngine(EngineConfig(**options)),
             LLMEngine(EngineConfig(speculative_config=SPEC, **options)))
 
