@@ -181,8 +181,9 @@ def linear_format(quantization: str) -> LinearFormat:
 
 
 def act8_layer(path: str) -> bool:
-    """Whether the layer at ``path`` takes int8 activations when its weights are Q4_1:
-    gate/up (csrc/q4_act8.h: twice the multiply-adds per instruction, on 40% of a
+    """Whether the layer at ``path`` takes int8 activations when its weights are Q4_1 (or,
+    in a GGUF used as stored, Q4_0 parts: gate +0.23% perplexity, top-1 98.40% on the
+    default model's weights in Q4_0, docs/performance.md): gate/up (csrc/q4_act8.h: twice the multiply-adds per instruction, on 40% of a
     SmolLM2 token's); the others keep int16 ones. The default model's quality gate
     (top-1 >= 98%) passes with gate/up (98.31%, perplexity -0.10%) and o + gate/up
     (98.31%, +0.14%; no faster) and fails with q/k/v added (97.78%); with o, greedy text
