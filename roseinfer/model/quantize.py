@@ -40,8 +40,8 @@ way, tests/model/test_quantize.py); 8-bit ones do: fbgemm's dynamic int8 (one
 activation scale per tensor) wrecks the default model (BENCHMARKS.md), per-token 8-bit
 scales with per-channel weights measured top-1 agreement 91.4% (7-bit: 87.0%), and 8-bit
 activations with one scale per 32 values of a row (llama.cpp's Q8_0 x Q8_0) measured
-96.5%, below the 98% gate.  Only where a layer's weights are Q4_1 and the layer is
-gate/up (``act8_layer``) are its activations int8 (per row and 32 values, Q4_1 x Q8 in
+96.5%, below the 98% gate.  Only where a layer's weights are Q4_1 (or a GGUF's Q4_0
+parts, used as stored) and the layer is gate/up (``act8_layer``) are its activations int8 (per row and 32 values, Q4_1 x Q8 in
 ``kernels/csrc/q4_act8.h``, twice the multiply-adds per instruction): the default
 model then measures 98.31% top-1 and -0.10% perplexity.
 """
