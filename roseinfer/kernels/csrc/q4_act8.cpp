@@ -15,11 +15,16 @@ namespace {
 
 constexpr int64_t kStepBytes = 64;                              // 16 columns x 4 k
 constexpr int64_t kBytesScale = 8 * kStepBytes;                 // fp32 d, then fp32 m
-constexpr int64_t kBytesBlock = kBytesScale + 8 * kQ8Panel;     // 640
+constexpr int64_t kBytesBlock = kBytesScale + 8 * kQ8Panel;     // 640 (Q4_0: 576, no m)
 constexpr int64_t kNibStep = 32;                                // 64 nibbles
 constexpr int64_t kNibScale = 8 * kNibStep;                     // fp16 d, then fp16 m
-constexpr int64_t kNibBlock = kNibScale + 4 * kQ8Panel;         // 320
+constexpr int64_t kNibBlock = kNibScale + 4 * kQ8Panel;         // 320 (Q4_0: 288, no m)
 constexpr int64_t kNibMaxRows = 4;  // up to this many rows read the nibbles
+
+// Bytes of one packed block: Q4_0 (offset 8) stores no minimums.
+constexpr int64_t block_bytes(bool nib, bool mins) {
+  return nib ? kNibBlock - (mins ? 0 : 2 * kQ8Panel) : kBytesBlock - (mins ? 0 : 4 * kQ8Panel);
+}
 
 // Byte of weight (column c, k) in a block of the bytes layout.
 inline int64_t byte_of(int c, int k) {
@@ -43,7 +48,7 @@ inline float scale_at(const uint8_t* blk, bool nib, int which, int c) {  // 0: d
 void panels_scalar(const int8_t* xq, const float* dx, const float* sx, int64_t M, int64_t K,
                    const uint8_t* wp, bool nib, int offset, int64_t p0, int64_t p1,
                    const float* bias, float* y, int64_t N) {
-  const int64_t KB = K / kQ8Block, bb = nib ? kNibBlock : kBytesBlock;
+  const int64_t KB = K / kQ8Block, bb = block_bytes(nib, offset == 0);
   float acc[kQ8Panel];
   for (int64_t p = p0; p < p1; ++p) {
     for (int64_t m = 0; m < M; ++m) {
@@ -116,19 +121,21 @@ void tile(const int8_t* xq, const float* dx, const float* sx, const int32_t* xs,
       a[m][0] = a[m][1] = _mm256_setzero_si256();
       xr[m] = xq + m * K + j * kQ8Block;
     }
-    const uint8_t* blk = w + j * (NIB ? kNibBlock : kBytesBlock);
+    const uint8_t* blk = w + j * block_bytes(NIB, !OFF);
     block_int<MR, NIB>(xr, blk, a);
-    __m256 dw0, dw1, mw0, mw1;
+    __m256 dw0, dw1, mw0 = _mm256_setzero_ps(), mw1 = _mm256_setzero_ps();
     if constexpr (NIB) {
       const __m128i* hp = reinterpret_cast<const __m128i*>(blk + kNibScale);
       dw0 = _mm256_cvtph_ps(_mm_loadu_si128(hp));
       dw1 = _mm256_cvtph_ps(_mm_loadu_si128(hp + 1));
-      mw0 = _mm256_cvtph_ps(_mm_loadu_si128(hp + 2));
-      mw1 = _mm256_cvtph_ps(_mm_loadu_si128(hp + 3));
+      if constexpr (!OFF) {
+        mw0 = _mm256_cvtph_ps(_mm_loadu_si128(hp + 2));
+        mw1 = _mm256_cvtph_ps(_mm_loadu_si128(hp + 3));
+      }
     } else {
       const float* fp = reinterpret_cast<const float*>(blk + kBytesScale);
       dw0 = _mm256_loadu_ps(fp), dw1 = _mm256_loadu_ps(fp + 8);
-      mw0 = _mm256_loadu_ps(fp + 16), mw1 = _mm256_loadu_ps(fp + 24);
+      if constexpr (!OFF) mw0 = _mm256_loadu_ps(fp + 16), mw1 = _mm256_loadu_ps(fp + 24);
     }
     for (int m = 0; m < MR; ++m) {  // int16 pair sums widened to the block's int32 dots
       const __m256i i0 = _mm256_madd_epi16(a[m][0], ones), i1 = _mm256_madd_epi16(a[m][1], ones);
@@ -174,12 +181,12 @@ void tile_any(bool nib, int64_t mr, const int8_t* xm, const float* dm, const flo
 }  // namespace
 
 at::Tensor pack_q4_act8(const at::Tensor& q_, const at::Tensor& d_, const at::Tensor& m_,
-                        bool nibbles) {
+                        bool nibbles, bool mins) {
   const auto q = q_.contiguous();
   const auto ds = d_.contiguous();
   const auto ms = m_.contiguous();
   const int64_t N = q.size(0), K = q.size(1), KB = K / kQ8Block;
-  const int64_t NP = (N + kQ8Panel - 1) / kQ8Panel, bb = nibbles ? kNibBlock : kBytesBlock;
+  const int64_t NP = (N + kQ8Panel - 1) / kQ8Panel, bb = block_bytes(nibbles, mins);
   const int8_t* qp = q.data_ptr<int8_t>();
   const float* dp = ds.data_ptr<float>();
   const float* mp = ms.data_ptr<float>();
@@ -206,10 +213,10 @@ at::Tensor pack_q4_act8(const at::Tensor& q_, const at::Tensor& d_, const at::Te
           if (nibbles) {
             const uint16_t dh = c10::Half(d).x, mh = c10::Half(m).x;
             std::memcpy(blk + kNibScale + 2 * c, &dh, 2);
-            std::memcpy(blk + kNibScale + 32 + 2 * c, &mh, 2);
+            if (mins) std::memcpy(blk + kNibScale + 32 + 2 * c, &mh, 2);
           } else {
             std::memcpy(blk + kBytesScale + 4 * c, &d, 4);
-            std::memcpy(blk + kBytesScale + 64 + 4 * c, &m, 4);
+            if (mins) std::memcpy(blk + kBytesScale + 64 + 4 * c, &m, 4);
           }
         }
       }
@@ -237,7 +244,7 @@ void gemm_q4_act8(const uint8_t* bytes, const uint8_t* nibbles, int64_t N, int64
   }
   const bool nib = M <= kNibMaxRows || bytes == nullptr;  // same integers either way
   const uint8_t* wp = nib ? nibbles : bytes;
-  const int64_t panel_bytes = KB * (nib ? kNibBlock : kBytesBlock);
+  const int64_t panel_bytes = KB * block_bytes(nib, offset == 0);
   const int64_t mc = std::max<int64_t>(8, (int64_t(1) << 18) / K);  // ~256 KB of rows
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 17) / (M * K * kQ8Panel));
   at::parallel_for(0, NP, grain, [&](int64_t p0, int64_t p1) {

@@ -261,8 +261,8 @@ Q8Gemm::Q8Gemm(const at::Tensor& q_, const at::Tensor& scales_,
   offset = offset_;
   TORCH_CHECK(offset == 0 || (act8 && offset == 8), "Q8Gemm: offset 8 (Q4_0) needs act8");
   if (act8) {
-    if (int8_copy) packed = pack_q4_act8(q, sc, mn, false);
-    packed4 = pack_q4_act8(q, sc, mn, true);
+    if (int8_copy) packed = pack_q4_act8(q, sc, mn, false, offset == 0);
+    packed4 = pack_q4_act8(q, sc, mn, true, offset == 0);
     return;
   }
   const int8_t* qp = q.data_ptr<int8_t>();

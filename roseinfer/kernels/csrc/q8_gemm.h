@@ -44,7 +44,7 @@ struct Q8Gemm {
   int64_t N = 0, K = 0;
   bool q4 = false;    // Q4_1 weights
   bool act8 = false;  // Q4_1 against int8 activations (q4_act8.h: its own packings)
-  int offset = 0;     // act8 only: 8 for Q4_0 weights (v = q - 8, mins unused)
+  int offset = 0;     // act8 only: 8 for Q4_0 weights (v = q - 8, no mins packed)
 
   // q int8 [N, K] (K % 32 == 0, no -128), scales fp32 [N, K/32]; with mins (fp32
   // [N, K/32]): Q4_1, q in [0, 15], scales and mins exact in fp16; act8 (Q4_1 only):
