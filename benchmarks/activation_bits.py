@@ -15,6 +15,10 @@ its other roundings (int16 activations elsewhere, an fp16 KV cache), so its own 
 (the test) reads lower: 98.31% with gate/up, 97.78% with q/k/v and o too:
 
     .venv/bin/python benchmarks/activation_bits.py [--bits 8]
+
+``--model FILE.gguf`` measures another file (the reference: its weights dequantized,
+exact fp32) and ``--layers gate_up_proj[,o_proj]`` one chosen layer set (repeatable)
+instead of the sets above, e.g. the gate of act8 for a Q4_0 or Q4_K_M file's gate/up.
 """
 
 from __future__ import annotations
@@ -81,16 +85,20 @@ def measure(llm: object, model: nn.Module, names: Sequence[str], bits: int,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bits", type=int, default=8)
+    ap.add_argument("--model", default=None, help="a GGUF file (default: the bundled model)")
+    ap.add_argument("--layers", action="append", default=None,
+                    help="comma-separated layer names rounded together (repeatable)")
     args = ap.parse_args()
+    sets = ({s: tuple(s.split(",")) for s in args.layers} if args.layers else LAYER_SETS)
     os.environ["ROSEINFER_CPU_KERNELS"] = "0"  # the exact fp32 PyTorch path, hookable
     from roseinfer.llm import LLM
 
-    llm = LLM(quantization="none", max_num_batched_tokens=512)
+    llm = LLM(model=args.model, quantization="none", max_num_batched_tokens=512)
     model = llm.engine.runner.model
     ref = prompt_stats(llm)
     print(f"| activations rounded to {args.bits} bits in front of | layers | perplexity "
           "vs fp32 | top-1 agreement |\n|---|---|---|---|")
-    for label, names in LAYER_SETS.items():
+    for label, names in sets.items():
         dppl, agree, count = measure(llm, model, names, args.bits, ref)
         print(f"| {label} | {count} | {dppl:+.2f}% | {agree:.2f}% |")
 

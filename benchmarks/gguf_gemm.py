@@ -4,6 +4,7 @@ format at 1B shapes and M = 1, 16, 64 (--rows); interleaved runs, medians.
 
     python benchmarks/gguf_gemm.py [--threads 2] [--types Q4_K,Q6_K] [--reps 15]
     python benchmarks/gguf_gemm.py --threads 1 --cpu-time   # steadier on a busy machine
+    python benchmarks/gguf_gemm.py --act8 --types Q4_0,Q4_1  # int16 -> int8 activations (gate/up)
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ def main() -> None:
     ap.add_argument("--shapes", default="", help="KxN,KxN (default: the 1B shapes)")
     ap.add_argument("--cpu-time", action="store_true", help="thread CPU time (needs --threads 1)")
     ap.add_argument("--rows", default="1,16,64", help="M values (rows per step), comma separated")
+    ap.add_argument("--act8", action="store_true",
+                    help="old: the stored format with int16 activations; new: act8 (int8 ones)")
     args = ap.parse_args()
     assert cpu_kernels_available()
     if args.cpu_time and args.threads != 1:
@@ -65,15 +68,19 @@ def main() -> None:
     rng = np.random.default_rng(0)
     shapes = SHAPES if not args.shapes else [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     clock = "thread CPU time" if args.cpu_time else "wall clock"
-    print(f"threads={args.threads} reps={args.reps} {clock}; GFLOP/s (old Q8_0 path -> new), speedup")
+    old_label = "int16 activations -> act8" if args.act8 else "old Q8_0 path -> new"
+    print(f"threads={args.threads} reps={args.reps} {clock}; GFLOP/s ({old_label}), speedup")
     for name in args.types.split(","):
         qtype = gguf.GGMLQuantizationType[name]
         for k, n in shapes:
             raw = random_raw(qtype, n, k, rng)
-            new = make_gguf_linear([(int(qtype), torch.from_numpy(raw))], None)
-            w = torch.from_numpy(gguf.quants.dequantize(raw, qtype).reshape(n, k))
-            old = make_int8_linear(*quantize_int8_blocks(w), None)
-            del w
+            new = make_gguf_linear([(int(qtype), torch.from_numpy(raw))], None, act8=args.act8)
+            if args.act8:
+                old = make_gguf_linear([(int(qtype), torch.from_numpy(raw))], None)
+            else:
+                w = torch.from_numpy(gguf.quants.dequantize(raw, qtype).reshape(n, k))
+                old = make_int8_linear(*quantize_int8_blocks(w), None)
+                del w
             cells = []
             for m in [int(v) for v in args.rows.split(",")]:
                 x = torch.randn(m, k)

@@ -6,8 +6,8 @@ types, e.g. Q4_K and Q6_K in a Q4_K_M file): no fp32 copy, no requantization.  E
 quantized weight is repacked once into 16-column panels of the same size as its stored
 bytes (that panel copy is the only one; the caller then drops the raw tensors), and the
 values the kernel multiplies are exactly ``gguf.quants.dequantize`` of those bytes.
-Activations are quantized per row and 32 values to int16 (int8 for Q4_1 parts of an
-``act8`` layer), every 32-block dot is an exact integer, scaled and summed in fp32 in
+Activations are quantized per row and 32 values to int16 (int8 for Q4_1 and Q4_0 parts
+of an ``act8`` layer), every 32-block dot is an exact integer, scaled and summed in fp32 in
 block order: batch-invariant (docs/CONTRACTS.md, "Weight formats and CPU kernels").
 F16 / BF16 parts keep 16-bit panels and fp32 math (one FMA chain per output).
 
@@ -76,9 +76,9 @@ def make_gguf_linear(parts: list[tuple[int, Tensor]], bias: Tensor | None, act8:
     ``parts``: (GGMLQuantizationType value, raw uint8 [rows, row_bytes] exactly as in the
     file); their rows are stacked as output columns in order, every part with the same
     number K of values per row (in_features).  The raw tensors are read, never written,
-    and may be dropped afterwards.  ``act8``: Q4_1 parts take int8 activations
-    (``model/quantize.py`` ``act8_layer``); other types ignore it.  ``extra_copy``: Q4_1
-    parts also keep an int8 copy of their values (1.6x their size) for steps of more
+    and may be dropped afterwards.  ``act8``: Q4_1 and Q4_0 parts take int8 activations
+    (``model/quantize.py`` ``act8_layer``, ``csrc/q4_act8.h``); other types ignore it.
+    ``extra_copy``: Q4_1 (act8: and Q4_0) parts also keep an int8 copy of their values (1.6x their size) for steps of more
     than 4 rows (faster there; the same results).  ValueError for an unsupported type,
     a row size that is not whole blocks, parts of different K, or a bias of the wrong size.
     """

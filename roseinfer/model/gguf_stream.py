@@ -24,6 +24,8 @@ kernels' int8 copy for steps of more than 4 rows (``extra_copy``: faster there, 
 per weight) only while those copies stay under ``EXTRA_COPY_SHARE`` of the file: the
 memory target is 1.15 x the file + 0.35 GB, and the default model (98 MB, 106 M Q4_1
 weights) measures 427 MB RSS without them, 558 MB with them (target: 463 MB).
+Gate/up (``act8_layer``) take int8 activations where their parts are Q4_1 or Q4_0
+(``csrc/q4_act8.h``; a Q4_0 file's parts read their nibbles at every step, never a copy).
 """
 
 from __future__ import annotations

@@ -40,8 +40,8 @@ way, tests/model/test_quantize.py); 8-bit ones do: fbgemm's dynamic int8 (one
 activation scale per tensor) wrecks the default model (BENCHMARKS.md), per-token 8-bit
 scales with per-channel weights measured top-1 agreement 91.4% (7-bit: 87.0%), and 8-bit
 activations with one scale per 32 values of a row (llama.cpp's Q8_0 x Q8_0) measured
-96.5%, below the 98% gate.  Only where a layer's weights are Q4_1 and the layer is
-gate/up (``act8_layer``) are its activations int8 (per row and 32 values, Q4_1 x Q8 in
+96.5%, below the 98% gate.  Only where a layer's weights are Q4_1 (or a GGUF's Q4_0
+parts, used as stored) and the layer is gate/up (``act8_layer``) are its activations int8 (per row and 32 values, Q4_1 x Q8 in
 ``kernels/csrc/q4_act8.h``, twice the multiply-adds per instruction): the default
 model then measures 98.31% top-1 and -0.10% perplexity.
 """
@@ -181,8 +181,9 @@ def linear_format(quantization: str) -> LinearFormat:
 
 
 def act8_layer(path: str) -> bool:
-    """Whether the layer at ``path`` takes int8 activations when its weights are Q4_1:
-    gate/up (csrc/q4_act8.h: twice the multiply-adds per instruction, on 40% of a
+    """Whether the layer at ``path`` takes int8 activations when its weights are Q4_1 (or,
+    in a GGUF used as stored, Q4_0 parts: gate +0.23% perplexity, top-1 98.40% on the
+    default model's weights in Q4_0, docs/performance.md): gate/up (csrc/q4_act8.h: twice the multiply-adds per instruction, on 40% of a
     SmolLM2 token's); the others keep int16 ones. The default model's quality gate
     (top-1 >= 98%) passes with gate/up (98.31%, perplexity -0.10%) and o + gate/up
     (98.31%, +0.14%; no faster) and fails with q/k/v added (97.78%); with o, greedy text

@@ -90,14 +90,14 @@ def weight_model(qtype: int, raw: np.ndarray, k: int):
     return v, np.repeat(d, per // 16, axis=1), None if m is None else m.reshape(n, -1)
 
 
-def act_quant(x: np.ndarray):
-    """act_quant.h (int16): per row and 32 values, dx = max|x| / 32767, xq = rint(x / dx),
-    sx = float(sum xq) * dx."""
+def act_quant(x: np.ndarray, qmax: int = 32767):
+    """act_quant.h (int16; qmax 127: int8): per row and 32 values, dx = max|x| / qmax,
+    xq = rint(x / dx), sx = float(sum xq) * dx."""
     rows, k = x.shape
     xb = x.reshape(rows, k // 32, 32)
-    dx = (np.abs(xb).max(-1) / np.float32(32767)).astype(np.float32)
+    dx = (np.abs(xb).max(-1) / np.float32(qmax)).astype(np.float32)
     safe = np.where(dx == 0, np.float32(1), dx)
-    xq = np.clip(np.rint(xb / safe[..., None]), -32767, 32767).astype(np.int64)
+    xq = np.clip(np.rint(xb / safe[..., None]), -qmax, qmax).astype(np.int64)
     sx = (xq.sum(-1).astype(np.float32) * dx).astype(np.float32)
     return xq, dx, sx
 
@@ -229,6 +229,60 @@ def test_q4_1_parts_keep_the_int8_format_kernel() -> None:
             lin = make_gguf_linear([(int(T.Q4_1), torch.from_numpy(raw))], None, act8, extra)
             assert torch.equal(lin.forward(x), ref)
             assert torch.equal(lin.forward_portable(x), ref)
+
+
+def act8_model(raw: np.ndarray, k: int, x: np.ndarray) -> np.ndarray:
+    """Q4_0 x int8 activations (q4_act8.h, offset 8): per 32-block the exact dot of xq
+    with q - 8 (the dot with q minus 8 * the block's activation sum), then acc =
+    fma(float(dot), dx * d, acc) in block order."""
+    v, d16, _ = weight_model(T.Q4_0, raw, k)
+    xq, dx, _ = act_quant(x, 127)
+    rows, n = x.shape[0], raw.shape[0]
+    dots = np.einsum("rjk,njk->rnj", xq, v.reshape(n, k // 32, 32))
+    assert np.abs(dots).max() < 2 ** 24  # exact in fp32
+    acc = np.zeros((rows, n), np.float32)
+    for j in range(k // 32):
+        scale = (dx[:, j:j + 1] * d16[None, :, 2 * j]).astype(np.float32)
+        acc = fma32(dots[..., j].astype(np.float32), scale, acc)
+    return acc
+
+
+@pytest.mark.parametrize("extra", [False, True], ids=["nibbles", "int8-copy"])
+def test_q4_0_act8_is_its_arithmetic(extra: bool) -> None:
+    """A Q4_0 part of an act8 layer: bitwise the numpy model of int8 activations, the
+    portable kernel, and each row alone in batches of 1..64; beside a Q4_1 part (a
+    gate/up of mixed types) each part keeps its own path; without act8 the int16 one."""
+    from roseinfer.kernels.gguf import make_gguf_linear
+
+    n, k = 40, 96
+    raw = random_raw(T.Q4_0, n, k, seed=11)
+    gen = torch.Generator().manual_seed(5)
+    bias = torch.randn(n, generator=gen)
+    x = torch.randn(64, k, generator=gen) * 3
+    x[0, 32:64] = 0.0  # a zero block: dx = 0
+    x[1, :32] = 0.0
+    x[1, 5] = -2.0  # a block of one value: xq = -127 and zeros
+    lin = make_gguf_linear([(int(T.Q4_0), torch.from_numpy(raw))], bias, True, extra)
+    got = lin.forward(x)
+    want = act8_model(raw, k, x.numpy()) + bias.numpy()
+    assert torch.equal(bits32(got), bits32(torch.from_numpy(want.astype(np.float32))))
+    for m in (1, 2, 3, 4, 5, 6, 9, 16, 33):
+        assert torch.equal(lin.forward(x[:m]), got[:m])
+        assert torch.equal(lin.forward_portable(x[:m]), got[:m])
+    alone = torch.cat([lin.forward(x[r:r + 1].clone()) for r in range(64)])
+    assert torch.equal(alone, got)
+    int16 = make_gguf_linear([(int(T.Q4_0), torch.from_numpy(raw))], bias)
+    want16 = kernel_model(T.Q4_0, raw, k, x[:8].numpy()) + bias.numpy()
+    assert torch.equal(bits32(int16.forward(x[:8])), bits32(torch.from_numpy(want16.astype(np.float32))))
+    raw1 = random_raw(T.Q4_1, 24, k, seed=12)
+    mixed = make_gguf_linear([(int(T.Q4_0), torch.from_numpy(raw)), (int(T.Q4_1), torch.from_numpy(raw1))],
+                             None, True, extra)
+    q4_1 = make_gguf_linear([(int(T.Q4_1), torch.from_numpy(raw1))], None, True, extra)
+    q4_0 = make_gguf_linear([(int(T.Q4_0), torch.from_numpy(raw))], None, True, extra)
+    both = mixed.forward(x)
+    assert torch.equal(both[:, :n], q4_0.forward(x))
+    assert torch.equal(both[:, n:], q4_1.forward(x))
+    assert torch.equal(mixed.forward_portable(x[:7]), both[:7])
 
 
 def test_bad_parts_are_value_errors() -> None:

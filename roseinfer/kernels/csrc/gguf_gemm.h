@@ -13,7 +13,7 @@
 // Integer sums are exact and the fp32 steps run in one order for every row, so a row's
 // result never depends on M, its position, the tiling, the threads or the ISA path
 // (docs/CONTRACTS.md, batch invariance).  Q4_1 keeps the int8 format's kernel
-// (q8_gemm.h, nibbles; int8 activations for act8 layers), F16 / BF16 the fp32-math panel
+// (q8_gemm.h, nibbles; int8 activations for act8 layers, as Q4_0 parts of those), F16 / BF16 the fp32-math panel
 // GEMM (panel_gemm.h).
 // Execution: output panels of 16 columns split over the threads, rows in chunks whose
 // activations stay in L2; per panel, groups of 32-blocks (8 when decoded to int16, else
@@ -57,15 +57,15 @@ struct GgufGemm {
   struct Segment {
     int64_t type = 0, n0 = 0, n = 0;
     std::shared_ptr<GgufPanels> quant;  // Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K
-    std::shared_ptr<Q8Gemm> q4_1;       // Q4_1
+    std::shared_ptr<Q8Gemm> q4_1;       // Q4_1; Q4_0 of an act8 layer (q4_act8.h)
     std::shared_ptr<PanelGemm> panels;  // F16, BF16
   };
   std::vector<Segment> segments;
   int64_t N = 0, K = 0;
 
-  // raws[i]: uint8 [rows_i, row_bytes] as stored, of type types[i]; act8: Q4_1 parts
-  // take int8 activations (q4_act8.h); extra_copy: Q4_1 parts keep an int8 copy for
-  // steps of more than 4 rows.
+  // raws[i]: uint8 [rows_i, row_bytes] as stored, of type types[i]; act8: Q4_1 and
+  // Q4_0 parts take int8 activations (q4_act8.h); extra_copy: those parts keep an int8
+  // copy for steps of more than 4 rows.
   GgufGemm(const std::vector<int64_t>& types, const std::vector<at::Tensor>& raws, bool act8,
            bool extra_copy);
   void run(const float* x, int64_t M, const float* bias, float* y, bool portable) const;

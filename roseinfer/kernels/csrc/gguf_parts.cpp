@@ -34,9 +34,10 @@ void check_raw(const at::Tensor& raw) {
               "GGUF part: rows must be contiguous bytes");
 }
 
-// Q4_1 stored rows -> (q int8 [n, K], d, m fp32 [n, K/32]) for Q8Gemm.
-void unpack_q4_1(const std::vector<const uint8_t*>& rows, int64_t K, at::Tensor& q,
-                 at::Tensor& d, at::Tensor& m) {
+// Q4_1 (Q4_0) stored rows -> (q int8 [n, K] in [0, 15], d, m fp32 [n, K/32]; Q4_0: m
+// zeros) for Q8Gemm.
+void unpack_q4(const std::vector<const uint8_t*>& rows, int64_t K, bool q4_0, at::Tensor& q,
+               at::Tensor& d, at::Tensor& m) {
   const int64_t n = static_cast<int64_t>(rows.size()), KB = K / 32;
   q = at::empty({n, K}, at::TensorOptions().dtype(at::kChar));
   d = at::empty({n, KB}, at::TensorOptions().dtype(at::kFloat));
@@ -47,11 +48,12 @@ void unpack_q4_1(const std::vector<const uint8_t*>& rows, int64_t K, at::Tensor&
   at::parallel_for(0, n, 16, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t j = 0; j < KB; ++j) {
-        const uint8_t* s = rows[r] + j * 20;
+        const uint8_t* s = rows[r] + j * (q4_0 ? 18 : 20);
+        const uint8_t* nib = s + (q4_0 ? 2 : 4);
         dp[r * KB + j] = f16_at(s);
-        mp[r * KB + j] = f16_at(s + 2);
+        mp[r * KB + j] = q4_0 ? 0.f : f16_at(s + 2);
         for (int e = 0; e < 32; ++e)
-          qp[r * K + j * 32 + e] = static_cast<int8_t>(e < 16 ? s[4 + e] & 15 : s[4 + e - 16] >> 4);
+          qp[r * K + j * 32 + e] = static_cast<int8_t>(e < 16 ? nib[e] & 15 : nib[e - 16] >> 4);
       }
   });
 }
@@ -91,10 +93,11 @@ GgufGemm::GgufGemm(const std::vector<int64_t>& types, const std::vector<at::Tens
       for (int64_t r = 0; r < seg.n; ++r)
         std::memcpy(static_cast<uint8_t*>(w.data_ptr()) + r * K * 2, rows[r], K * 2);
       seg.panels = std::make_shared<PanelGemm>(w);
-    } else if (seg.type == kQ4_1) {
+    } else if (seg.type == kQ4_1 || (act8 && seg.type == kQ4_0)) {
       at::Tensor q, d, m;
-      unpack_q4_1(rows, K, q, d, m);
-      seg.q4_1 = std::make_shared<Q8Gemm>(q, d, m, act8, extra_copy);
+      const bool q4_0 = seg.type == kQ4_0;
+      unpack_q4(rows, K, q4_0, q, d, m);
+      seg.q4_1 = std::make_shared<Q8Gemm>(q, d, m, act8, extra_copy, q4_0 ? 8 : 0);
     } else {
       seg.quant = std::make_shared<GgufPanels>(seg.type, rows, K);
     }

@@ -1,4 +1,4 @@
-// Q4_1 weights x int8 activations (see q4_act8.h): packing, the AVX2 kernel (vpmaddubsw
+// Q4_1 / Q4_0 weights x int8 activations (see q4_act8.h): packing, the AVX2 kernel (vpmaddubsw
 // into int16, one vpmaddwd per block), the portable kernel (same results) and the
 // driver; the activations are quantized by act_quant.h.
 #include "q4_act8.h"
@@ -15,11 +15,16 @@ namespace {
 
 constexpr int64_t kStepBytes = 64;                              // 16 columns x 4 k
 constexpr int64_t kBytesScale = 8 * kStepBytes;                 // fp32 d, then fp32 m
-constexpr int64_t kBytesBlock = kBytesScale + 8 * kQ8Panel;     // 640
+constexpr int64_t kBytesBlock = kBytesScale + 8 * kQ8Panel;     // 640 (Q4_0: 576, no m)
 constexpr int64_t kNibStep = 32;                                // 64 nibbles
 constexpr int64_t kNibScale = 8 * kNibStep;                     // fp16 d, then fp16 m
-constexpr int64_t kNibBlock = kNibScale + 4 * kQ8Panel;         // 320
+constexpr int64_t kNibBlock = kNibScale + 4 * kQ8Panel;         // 320 (Q4_0: 288, no m)
 constexpr int64_t kNibMaxRows = 4;  // up to this many rows read the nibbles
+
+// Bytes of one packed block: Q4_0 (offset 8) stores no minimums.
+constexpr int64_t block_bytes(bool nib, bool mins) {
+  return nib ? kNibBlock - (mins ? 0 : 2 * kQ8Panel) : kBytesBlock - (mins ? 0 : 4 * kQ8Panel);
+}
 
 // Byte of weight (column c, k) in a block of the bytes layout.
 inline int64_t byte_of(int c, int k) {
@@ -41,9 +46,9 @@ inline float scale_at(const uint8_t* blk, bool nib, int which, int c) {  // 0: d
 
 // Portable kernel: one output element at a time, the same fp operations.
 void panels_scalar(const int8_t* xq, const float* dx, const float* sx, int64_t M, int64_t K,
-                   const uint8_t* wp, bool nib, int64_t p0, int64_t p1, const float* bias,
-                   float* y, int64_t N) {
-  const int64_t KB = K / kQ8Block, bb = nib ? kNibBlock : kBytesBlock;
+                   const uint8_t* wp, bool nib, int offset, int64_t p0, int64_t p1,
+                   const float* bias, float* y, int64_t N) {
+  const int64_t KB = K / kQ8Block, bb = block_bytes(nib, offset == 0);
   float acc[kQ8Panel];
   for (int64_t p = p0; p < p1; ++p) {
     for (int64_t m = 0; m < M; ++m) {
@@ -54,9 +59,10 @@ void panels_scalar(const int8_t* xq, const float* dx, const float* sx, int64_t M
         const float d = dx[m * KB + j];
         for (int c = 0; c < kQ8Panel; ++c) {
           int32_t dot = 0;
-          for (int k = 0; k < kQ8Block; ++k) dot += int32_t(xr[k]) * weight_at(blk, nib, c, k);
+          for (int k = 0; k < kQ8Block; ++k)
+            dot += int32_t(xr[k]) * (weight_at(blk, nib, c, k) - offset);
           acc[c] = std::fma(static_cast<float>(dot), d * scale_at(blk, nib, 0, c), acc[c]);
-          acc[c] = std::fma(sx[m * KB + j], scale_at(blk, nib, 1, c), acc[c]);
+          if (offset == 0) acc[c] = std::fma(sx[m * KB + j], scale_at(blk, nib, 1, c), acc[c]);
         }
       }
       const int64_t n0 = p * kQ8Panel;
@@ -100,10 +106,11 @@ inline void block_int(const int8_t* const* xr, const uint8_t* wp, __m256i (&a)[M
 #undef A8_TAIL_NIB
 #undef A8_ROW
 
-// Rows [0, MR) x one panel (w: its first block) into y (+ bias).
-template <int MR, bool NIB>
-void tile(const int8_t* xq, const float* dx, const float* sx, int64_t K, const uint8_t* w,
-          int64_t n0, const float* bias, float* y, int64_t N) {
+// Rows [0, MR) x one panel (w: its first block) into y (+ bias).  OFF (Q4_0): the
+// widened dots start at -8 * xs (the block's exact activation sums), no minimum term.
+template <int MR, bool NIB, bool OFF>
+void tile(const int8_t* xq, const float* dx, const float* sx, const int32_t* xs, int64_t K,
+          const uint8_t* w, int64_t n0, const float* bias, float* y, int64_t N) {
   const int64_t KB = K / kQ8Block;
   const __m256i ones = _mm256_set1_epi16(1);
   alignas(64) float acc[MR * kQ8Panel] = {};
@@ -114,50 +121,72 @@ void tile(const int8_t* xq, const float* dx, const float* sx, int64_t K, const u
       a[m][0] = a[m][1] = _mm256_setzero_si256();
       xr[m] = xq + m * K + j * kQ8Block;
     }
-    const uint8_t* blk = w + j * (NIB ? kNibBlock : kBytesBlock);
+    const uint8_t* blk = w + j * block_bytes(NIB, !OFF);
     block_int<MR, NIB>(xr, blk, a);
-    __m256 dw0, dw1, mw0, mw1;
+    __m256 dw0, dw1, mw0 = _mm256_setzero_ps(), mw1 = _mm256_setzero_ps();
     if constexpr (NIB) {
       const __m128i* hp = reinterpret_cast<const __m128i*>(blk + kNibScale);
       dw0 = _mm256_cvtph_ps(_mm_loadu_si128(hp));
       dw1 = _mm256_cvtph_ps(_mm_loadu_si128(hp + 1));
-      mw0 = _mm256_cvtph_ps(_mm_loadu_si128(hp + 2));
-      mw1 = _mm256_cvtph_ps(_mm_loadu_si128(hp + 3));
+      if constexpr (!OFF) {
+        mw0 = _mm256_cvtph_ps(_mm_loadu_si128(hp + 2));
+        mw1 = _mm256_cvtph_ps(_mm_loadu_si128(hp + 3));
+      }
     } else {
       const float* fp = reinterpret_cast<const float*>(blk + kBytesScale);
       dw0 = _mm256_loadu_ps(fp), dw1 = _mm256_loadu_ps(fp + 8);
-      mw0 = _mm256_loadu_ps(fp + 16), mw1 = _mm256_loadu_ps(fp + 24);
+      if constexpr (!OFF) mw0 = _mm256_loadu_ps(fp + 16), mw1 = _mm256_loadu_ps(fp + 24);
     }
-    for (int m = 0; m < MR; ++m)  // int16 pair sums widened to the block's int32 dots
-      add_q4_block(acc + m * kQ8Panel, _mm256_madd_epi16(a[m][0], ones),
-                   _mm256_madd_epi16(a[m][1], ones), dx[m * KB + j], sx[m * KB + j], dw0, dw1,
-                   mw0, mw1);
+    for (int m = 0; m < MR; ++m) {  // int16 pair sums widened to the block's int32 dots
+      const __m256i i0 = _mm256_madd_epi16(a[m][0], ones), i1 = _mm256_madd_epi16(a[m][1], ones);
+      if constexpr (OFF) {
+        const __m256i st = _mm256_set1_epi32(-8 * xs[m * KB + j]);
+        float* ar = acc + m * kQ8Panel;
+        const __m256 d = _mm256_set1_ps(dx[m * KB + j]);
+        _mm256_store_ps(ar, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(i0, st)),
+                                            _mm256_mul_ps(d, dw0), _mm256_load_ps(ar)));
+        _mm256_store_ps(ar + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(i1, st)),
+                                                _mm256_mul_ps(d, dw1), _mm256_load_ps(ar + 8)));
+      } else {
+        add_q4_block(acc + m * kQ8Panel, i0, i1, dx[m * KB + j], sx[m * KB + j], dw0, dw1,
+                     mw0, mw1);
+      }
+    }
   }
   store_tile(acc, MR, n0, std::min<int64_t>(kQ8Panel, N - n0), bias, y, N);
 }
 
-template <bool NIB>
-void tile_rows(int64_t mr, const int8_t* xm, const float* dm, const float* sm, int64_t K,
-               const uint8_t* panel, int64_t n0, const float* bias, float* ym, int64_t N) {
+template <bool NIB, bool OFF>
+void tile_rows(int64_t mr, const int8_t* xm, const float* dm, const float* sm,
+               const int32_t* xsm, int64_t K, const uint8_t* panel, int64_t n0,
+               const float* bias, float* ym, int64_t N) {
   switch (mr) {
-    case 1: tile<1, NIB>(xm, dm, sm, K, panel, n0, bias, ym, N); break;
-    case 2: tile<2, NIB>(xm, dm, sm, K, panel, n0, bias, ym, N); break;
-    case 3: tile<3, NIB>(xm, dm, sm, K, panel, n0, bias, ym, N); break;
-    case 4: tile<4, NIB>(xm, dm, sm, K, panel, n0, bias, ym, N); break;
-    default: tile<5, NIB>(xm, dm, sm, K, panel, n0, bias, ym, N); break;
+    case 1: tile<1, NIB, OFF>(xm, dm, sm, xsm, K, panel, n0, bias, ym, N); break;
+    case 2: tile<2, NIB, OFF>(xm, dm, sm, xsm, K, panel, n0, bias, ym, N); break;
+    case 3: tile<3, NIB, OFF>(xm, dm, sm, xsm, K, panel, n0, bias, ym, N); break;
+    case 4: tile<4, NIB, OFF>(xm, dm, sm, xsm, K, panel, n0, bias, ym, N); break;
+    default: tile<5, NIB, OFF>(xm, dm, sm, xsm, K, panel, n0, bias, ym, N); break;
   }
+}
+
+template <bool OFF>
+void tile_any(bool nib, int64_t mr, const int8_t* xm, const float* dm, const float* sm,
+              const int32_t* xsm, int64_t K, const uint8_t* panel, int64_t n0,
+              const float* bias, float* ym, int64_t N) {
+  if (nib) tile_rows<true, OFF>(mr, xm, dm, sm, xsm, K, panel, n0, bias, ym, N);
+  else tile_rows<false, OFF>(mr, xm, dm, sm, xsm, K, panel, n0, bias, ym, N);
 }
 #endif  // ROSEINFER_AVX2
 
 }  // namespace
 
 at::Tensor pack_q4_act8(const at::Tensor& q_, const at::Tensor& d_, const at::Tensor& m_,
-                        bool nibbles) {
+                        bool nibbles, bool mins) {
   const auto q = q_.contiguous();
   const auto ds = d_.contiguous();
   const auto ms = m_.contiguous();
   const int64_t N = q.size(0), K = q.size(1), KB = K / kQ8Block;
-  const int64_t NP = (N + kQ8Panel - 1) / kQ8Panel, bb = nibbles ? kNibBlock : kBytesBlock;
+  const int64_t NP = (N + kQ8Panel - 1) / kQ8Panel, bb = block_bytes(nibbles, mins);
   const int8_t* qp = q.data_ptr<int8_t>();
   const float* dp = ds.data_ptr<float>();
   const float* mp = ms.data_ptr<float>();
@@ -184,10 +213,10 @@ at::Tensor pack_q4_act8(const at::Tensor& q_, const at::Tensor& d_, const at::Te
           if (nibbles) {
             const uint16_t dh = c10::Half(d).x, mh = c10::Half(m).x;
             std::memcpy(blk + kNibScale + 2 * c, &dh, 2);
-            std::memcpy(blk + kNibScale + 32 + 2 * c, &mh, 2);
+            if (mins) std::memcpy(blk + kNibScale + 32 + 2 * c, &mh, 2);
           } else {
             std::memcpy(blk + kBytesScale + 4 * c, &d, 4);
-            std::memcpy(blk + kBytesScale + 64 + 4 * c, &m, 4);
+            if (mins) std::memcpy(blk + kBytesScale + 64 + 4 * c, &m, 4);
           }
         }
       }
@@ -196,15 +225,26 @@ at::Tensor pack_q4_act8(const at::Tensor& q_, const at::Tensor& d_, const at::Te
 }
 
 void gemm_q4_act8(const uint8_t* bytes, const uint8_t* nibbles, int64_t N, int64_t K,
-                  const float* x, int64_t M, const float* bias, float* y, bool portable) {
+                  const float* x, int64_t M, const float* bias, float* y, bool portable,
+                  int offset) {
+  TORCH_CHECK(offset == 0 || offset == 8, "gemm_q4_act8: offset 0 (Q4_1) or 8 (Q4_0)");
   if (M <= 0 || N == 0) return;
   const int64_t KB = K / kQ8Block, NP = (N + kQ8Panel - 1) / kQ8Panel;
   std::unique_ptr<int8_t[]> xq(new int8_t[M * K]);
   std::unique_ptr<float[]> dx(new float[M * KB]), sx(new float[M * KB]);
   quantize_rows(x, M, K, xq.get(), dx.get(), sx.get(), portable);
+  std::unique_ptr<int32_t[]> xs;  // Q4_0: each block's exact activation sum
+  if (offset) {
+    xs.reset(new int32_t[M * KB]);
+    for (int64_t b = 0; b < M * KB; ++b) {
+      int32_t t = 0;
+      for (int k = 0; k < kQ8Block; ++k) t += xq[b * kQ8Block + k];
+      xs[b] = t;
+    }
+  }
   const bool nib = M <= kNibMaxRows || bytes == nullptr;  // same integers either way
   const uint8_t* wp = nib ? nibbles : bytes;
-  const int64_t panel_bytes = KB * (nib ? kNibBlock : kBytesBlock);
+  const int64_t panel_bytes = KB * block_bytes(nib, offset == 0);
   const int64_t mc = std::max<int64_t>(8, (int64_t(1) << 18) / K);  // ~256 KB of rows
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 17) / (M * K * kQ8Panel));
   at::parallel_for(0, NP, grain, [&](int64_t p0, int64_t p1) {
@@ -218,15 +258,15 @@ void gemm_q4_act8(const uint8_t* bytes, const uint8_t* nibbles, int64_t N, int64
             const int8_t* xm = xq.get() + m * K;
             const float* dm = dx.get() + m * KB;
             const float* sm = sx.get() + m * KB;
-            if (nib) tile_rows<true>(mr, xm, dm, sm, K, panel, n0, bias, y + m * N, N);
-            else tile_rows<false>(mr, xm, dm, sm, K, panel, n0, bias, y + m * N, N);
+            if (offset) tile_any<true>(nib, mr, xm, dm, sm, xs.get() + m * KB, K, panel, n0, bias, y + m * N, N);
+            else tile_any<false>(nib, mr, xm, dm, sm, nullptr, K, panel, n0, bias, y + m * N, N);
           });
         }
       }
       return;
     }
 #endif
-    panels_scalar(xq.get(), dx.get(), sx.get(), M, K, wp, nib, p0, p1, bias, y, N);
+    panels_scalar(xq.get(), dx.get(), sx.get(), M, K, wp, nib, offset, p0, p1, bias, y, N);
   });
 }
 

@@ -24,14 +24,16 @@ namespace roseinfer {
 //   the 16 fp32 m;
 // nibbles: at (p * K/32 + j) * 320: 8 steps of 32 bytes (byte b: low nibble = byte b of
 //   the bytes layout's step, high nibble = its byte 32 + b), then d and m as fp16.
-// q int8 [N, K] in [0, 15]; d, m fp32 [N, K/32] (exact fp16 values).
+// q int8 [N, K] in [0, 15]; d, m fp32 [N, K/32] (exact fp16 values).  mins false (Q4_0):
+// no m, each block 64 (bytes) / 32 (nibbles) bytes shorter.
 at::Tensor pack_q4_act8(const at::Tensor& q, const at::Tensor& d, const at::Tensor& m,
-                        bool nibbles);
+                        bool nibbles, bool mins = true);
 
 // x [M, K] fp32 -> y [M, N] fp32 (+ bias [N] or null) from the two packings above.
 // portable: the scalar kernel (the same results on any machine); bytes null: nibbles
-// for every step.
+// for every step; offset: 0 (Q4_1: d and m) or 8 (Q4_0: v = q - 8, packed without m).
 void gemm_q4_act8(const uint8_t* bytes, const uint8_t* nibbles, int64_t N, int64_t K,
-                  const float* x, int64_t M, const float* bias, float* y, bool portable);
+                  const float* x, int64_t M, const float* bias, float* y, bool portable,
+                  int offset = 0);
 
 }  // namespace roseinfer

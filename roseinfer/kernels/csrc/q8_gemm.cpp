@@ -233,7 +233,8 @@ void q8_quantize_act(const float* x, int64_t M, int64_t K, int16_t* xq, float* d
 }
 
 Q8Gemm::Q8Gemm(const at::Tensor& q_, const at::Tensor& scales_,
-               const c10::optional<at::Tensor>& mins_, bool act8_, bool int8_copy) {
+               const c10::optional<at::Tensor>& mins_, bool act8_, bool int8_copy,
+               int offset_) {
   TORCH_CHECK(q_.dim() == 2 && q_.scalar_type() == at::kChar && q_.size(1) % kQ8Block == 0,
               "Q8Gemm: expected int8 weights [N, K] with K % 32 == 0");
   N = q_.size(0);
@@ -257,9 +258,11 @@ Q8Gemm::Q8Gemm(const at::Tensor& q_, const at::Tensor& scales_,
   }
   act8 = act8_;
   TORCH_CHECK(!act8 || q4, "Q8Gemm: int8 activations need Q4_1 weights");
+  offset = offset_;
+  TORCH_CHECK(offset == 0 || (act8 && offset == 8), "Q8Gemm: offset 8 (Q4_0) needs act8");
   if (act8) {
-    if (int8_copy) packed = pack_q4_act8(q, sc, mn, false);
-    packed4 = pack_q4_act8(q, sc, mn, true);
+    if (int8_copy) packed = pack_q4_act8(q, sc, mn, false, offset == 0);
+    packed4 = pack_q4_act8(q, sc, mn, true, offset == 0);
     return;
   }
   const int8_t* qp = q.data_ptr<int8_t>();
@@ -304,7 +307,7 @@ Q8Gemm::Q8Gemm(const at::Tensor& q_, const at::Tensor& scales_,
 void Q8Gemm::run(const float* x, int64_t M, const float* bias, float* y) const {
   const uint8_t* bytes = packed.defined() ? packed.data_ptr<uint8_t>() : nullptr;
   if (act8)
-    gemm_q4_act8(bytes, packed4.data_ptr<uint8_t>(), N, K, x, M, bias, y, false);
+    gemm_q4_act8(bytes, packed4.data_ptr<uint8_t>(), N, K, x, M, bias, y, false, offset);
   else
     gemm(*this, x, M, bias, y, false);
 }
@@ -312,7 +315,7 @@ void Q8Gemm::run(const float* x, int64_t M, const float* bias, float* y) const {
 void Q8Gemm::run_reference(const float* x, int64_t M, const float* bias, float* y) const {
   const uint8_t* bytes = packed.defined() ? packed.data_ptr<uint8_t>() : nullptr;
   if (act8)
-    gemm_q4_act8(bytes, packed4.data_ptr<uint8_t>(), N, K, x, M, bias, y, true);
+    gemm_q4_act8(bytes, packed4.data_ptr<uint8_t>(), N, K, x, M, bias, y, true, offset);
   else
     gemm(*this, x, M, bias, y, true);
 }

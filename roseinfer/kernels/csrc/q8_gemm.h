@@ -44,15 +44,17 @@ struct Q8Gemm {
   int64_t N = 0, K = 0;
   bool q4 = false;    // Q4_1 weights
   bool act8 = false;  // Q4_1 against int8 activations (q4_act8.h: its own packings)
+  int offset = 0;     // act8 only: 8 for Q4_0 weights (v = q - 8, no mins packed)
 
   // q int8 [N, K] (K % 32 == 0, no -128), scales fp32 [N, K/32]; with mins (fp32
   // [N, K/32]): Q4_1, q in [0, 15], scales and mins exact in fp16; act8 (Q4_1 only):
   // activations quantized to int8 instead of int16.
   // int8_copy (Q4_1): also keep the int8 copy for steps of more than 4 rows; without
-  // it every step reads the nibbles (the same integers).
+  // it every step reads the nibbles (the same integers).  offset (act8 only): 8 for
+  // Q4_0 weights q in [0, 15] meaning q - 8 (mins then zeros, unused; q4_act8.h).
   Q8Gemm(const at::Tensor& q, const at::Tensor& scales,
          const c10::optional<at::Tensor>& mins = c10::nullopt, bool act8 = false,
-         bool int8_copy = true);
+         bool int8_copy = true, int offset = 0);
   // x [M, K] row-major fp32, y [M, N] row-major fp32, bias [N] or null.
   void run(const float* x, int64_t M, const float* bias, float* y) const;
   // The portable kernel (same results; for tests on any machine).
