@@ -4,8 +4,11 @@ For every batch size the engine runs the whole job through ``LLMEngine.step`` an
 every step is timed on its own:
 
 * prefill tok/s = prompt tokens / time of the steps that computed prompt tokens;
-* decode tok/s = tokens made by pure-decode steps / their time (the steady state
-  with B sequences in flight, what llama-bench's "tg" measures);
+* decode tok/s = tokens made by pure-decode steps with all B sequences in flight /
+  their time: the steady state, what llama-batched-bench's S_TG measures (B sequences
+  decoding in lockstep).  The prompts' last chunks finish at different steps, so the
+  first sequences finish first and the last steps run fewer than B rows; those count
+  only when no step had all B (``max_num_seqs`` < B);
 * output tok/s = B * G / wall time, total tok/s = B * (P + G) / wall time.
 
 ``--compare-hf`` runs HF transformers ``generate`` on the same prompts in the same
@@ -64,23 +67,23 @@ def run_engine_once(engine: LLMEngine, prompts: list[list[int]], gen_len: int) -
     params = SamplingParams(temperature=0.0, max_tokens=gen_len, ignore_eos=True)
     for p in prompts:
         engine.add_request(engine.next_request_id(), p, params)
-    prefill_t = decode_t = 0.0
-    decode_tokens = 0
+    prefill_t = 0.0
+    decode = {True: [0.0, 0], False: [0.0, 0]}  # all B in flight? -> [seconds, tokens]
     start = time.perf_counter()
     while engine.has_unfinished_requests():
-        has_prefill = any(
-            r.num_computed_tokens < r.num_prompt_tokens
-            for r in engine.scheduler.running + list(engine.scheduler.waiting)
-        )
+        in_flight = engine.scheduler.running + list(engine.scheduler.waiting)
+        has_prefill = any(r.num_computed_tokens < r.num_prompt_tokens for r in in_flight)
         t0 = time.perf_counter()
         outs = engine.step()
         dt = time.perf_counter() - t0
         if has_prefill:
             prefill_t += dt
         else:
-            decode_t += dt
-            decode_tokens += sum(len(c.delta_token_ids) for o in outs for c in o.outputs)
+            acc = decode[len(in_flight) == len(prompts)]
+            acc[0] += dt
+            acc[1] += sum(len(c.delta_token_ids) for o in outs for c in o.outputs)
     wall = time.perf_counter() - start
+    decode_t, decode_tokens = decode[True] if decode[True][1] else decode[False]
     b, p = len(prompts), len(prompts[0])
     return ThroughputResult(
         batch_size=b, prompt_len=p, gen_len=gen_len,
