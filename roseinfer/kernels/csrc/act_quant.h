@@ -1,7 +1,8 @@
 // Row-local activation quantization shared by the int8-weight GEMMs: each 32-block of a
 // row gets dx = max|x| / qmax and xq = rint(x / dx) clamped to [-qmax, qmax] (dx = 0:
 // zeros), qmax = 32767 for int16 values (q8_gemm.h) and 127 for int8 ones (q4_act8.h);
-// sx = float(exact sum of the block's xq) * dx, the factor of the Q4_1 minimum term.
+// sx = float(exact sum of the block's xq) * dx, the factor of the Q4_1 minimum term;
+// optionally that exact sum itself (si: Q4_0's offset term).
 // The AVX2 and scalar versions give the same values (max is exact, x / dx correctly
 // rounded, round to nearest even in both).
 #pragma once
@@ -13,7 +14,7 @@
 namespace roseinfer {
 
 template <typename T>
-inline void quantize_block_scalar(const float* x, T* q, float* d, float* sum) {
+inline void quantize_block_scalar(const float* x, T* q, float* d, float* sum, int32_t* isum) {
   constexpr float qmax = std::numeric_limits<T>::max();
   float amax = 0.f;
   for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
@@ -26,6 +27,7 @@ inline void quantize_block_scalar(const float* x, T* q, float* d, float* sum) {
     total += q[i];
   }
   *sum = static_cast<float>(total) * dx;
+  if (isum) *isum = total;
 }
 
 #ifdef ROSEINFER_AVX2
@@ -45,7 +47,7 @@ inline void store_block(const __m256i (&r)[4], int8_t* q) {
 }
 
 template <typename T>
-inline void quantize_block_avx2(const float* x, T* q, float* d, float* sum) {
+inline void quantize_block_avx2(const float* x, T* q, float* d, float* sum, int32_t* isum) {
   constexpr float qmax = std::numeric_limits<T>::max();
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   __m256 v[4];
@@ -70,26 +72,31 @@ inline void quantize_block_avx2(const float* x, T* q, float* d, float* sum) {
   __m128i h4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
   h4 = _mm_add_epi32(h4, _mm_shuffle_epi32(h4, 0x4E));
   h4 = _mm_add_epi32(h4, _mm_shuffle_epi32(h4, 0xB1));
-  *sum = static_cast<float>(_mm_cvtsi128_si32(h4)) * dx;
+  const int32_t total = _mm_cvtsi128_si32(h4);
+  *sum = static_cast<float>(total) * dx;
+  if (isum) *isum = total;
   store_block(r, q);
 }
 #endif
 
-// Rows [0, M) of x -> xq (rows of stride K), dx and sx [M, K/32].
+// Rows [0, M) of x -> xq (rows of stride K), dx and sx [M, K/32] (and si [M, K/32], the
+// exact integer sums, unless null).
 template <typename T>
 void quantize_rows(const float* x, int64_t M, int64_t K, T* q, float* dx, float* sx,
-                   bool portable) {
+                   bool portable, int32_t* si = nullptr) {
   const int64_t KB = K / kQ8Block;
   // Serial below ~128K values: not worth a fork/join.
   at::parallel_for(0, M * KB, 4096, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
 #ifdef ROSEINFER_AVX2
       if (!portable) {
-        quantize_block_avx2(x + b * kQ8Block, q + b * kQ8Block, dx + b, sx + b);
+        quantize_block_avx2(x + b * kQ8Block, q + b * kQ8Block, dx + b, sx + b,
+                            si ? si + b : nullptr);
         continue;
       }
 #endif
-      quantize_block_scalar(x + b * kQ8Block, q + b * kQ8Block, dx + b, sx + b);
+      quantize_block_scalar(x + b * kQ8Block, q + b * kQ8Block, dx + b, sx + b,
+                            si ? si + b : nullptr);
     }
   });
 }

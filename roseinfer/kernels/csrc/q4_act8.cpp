@@ -232,16 +232,9 @@ void gemm_q4_act8(const uint8_t* bytes, const uint8_t* nibbles, int64_t N, int64
   const int64_t KB = K / kQ8Block, NP = (N + kQ8Panel - 1) / kQ8Panel;
   std::unique_ptr<int8_t[]> xq(new int8_t[M * K]);
   std::unique_ptr<float[]> dx(new float[M * KB]), sx(new float[M * KB]);
-  quantize_rows(x, M, K, xq.get(), dx.get(), sx.get(), portable);
   std::unique_ptr<int32_t[]> xs;  // Q4_0: each block's exact activation sum
-  if (offset) {
-    xs.reset(new int32_t[M * KB]);
-    for (int64_t b = 0; b < M * KB; ++b) {
-      int32_t t = 0;
-      for (int k = 0; k < kQ8Block; ++k) t += xq[b * kQ8Block + k];
-      xs[b] = t;
-    }
-  }
+  if (offset) xs.reset(new int32_t[M * KB]);
+  quantize_rows(x, M, K, xq.get(), dx.get(), sx.get(), portable, xs.get());
   const bool nib = M <= kNibMaxRows || bytes == nullptr;  // same integers either way
   const uint8_t* wp = nib ? nibbles : bytes;
   const int64_t panel_bytes = KB * block_bytes(nib, offset == 0);
