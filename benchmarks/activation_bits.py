@@ -19,6 +19,9 @@ its other roundings (int16 activations elsewhere, an fp16 KV cache), so its own 
 ``--model FILE.gguf`` measures another file (the reference: its weights dequantized,
 exact fp32) and ``--layers gate_up_proj[,o_proj]`` one chosen layer set (repeatable)
 instead of the sets above, e.g. the gate of act8 for a Q4_0 or Q4_K_M file's gate/up.
+``--chat`` adds the chat part of the gate for each set: the greedy answers (16 tokens)
+to ``tests/integration/test_chat_quality.py``'s everyday questions with the layers
+rounded, against the exact fp32 model's (>= 80% equal, Paris named).
 """
 
 from __future__ import annotations
@@ -26,13 +29,16 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import runpy
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
-TEXT = Path(__file__).resolve().parents[1] / "tests" / "data" / "quality_text.txt"
+ROOT = Path(__file__).resolve().parents[1]
+TEXT = ROOT / "tests" / "data" / "quality_text.txt"
+CHAT = ROOT / "tests" / "integration" / "test_chat_quality.py"  # QUESTIONS, TOKENS
 LAYER_SETS: dict[str, tuple[str, ...]] = {
     "gate_up (the default's)": ("gate_up_proj",),
     "o, gate_up": ("o_proj", "gate_up_proj"),
@@ -66,11 +72,26 @@ def prompt_stats(llm: object) -> tuple[list[float], list[int]]:
     return logprobs, top1
 
 
+def chat_answers(llm: object) -> list[tuple[list[int], str]]:
+    """Greedy (token ids, text) answers to the chat gate's everyday questions."""
+    from roseinfer.sampling_params import SamplingParams
+
+    gate = runpy.run_path(str(CHAT))
+    params = SamplingParams(max_tokens=gate["TOKENS"], temperature=0.0)
+    outs = llm.chat([[{"role": "user", "content": q}] for q in gate["QUESTIONS"]], params)
+    return [(list(o.outputs[0].token_ids), o.outputs[0].text) for o in outs]
+
+
+def rounded(model: nn.Module, names: Sequence[str], bits: int) -> list:
+    """Hooks rounding the inputs of the layers named ``names`` (remove them after)."""
+    return [m.register_forward_pre_hook(round_blocks(bits))
+            for n, m in model.named_modules() if n.rsplit(".", 1)[-1] in names]
+
+
 def measure(llm: object, model: nn.Module, names: Sequence[str], bits: int,
             ref: tuple[list[float], list[int]]) -> tuple[float, float, int]:
     """(perplexity change in %, top-1 agreement in %, layers rounded)."""
-    hooks = [m.register_forward_pre_hook(round_blocks(bits))
-             for n, m in model.named_modules() if n.rsplit(".", 1)[-1] in names]
+    hooks = rounded(model, names, bits)
     try:
         logprobs, top1 = prompt_stats(llm)
     finally:
@@ -88,6 +109,8 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="a GGUF file (default: the bundled model)")
     ap.add_argument("--layers", action="append", default=None,
                     help="comma-separated layer names rounded together (repeatable)")
+    ap.add_argument("--chat", action="store_true",
+                    help="also the everyday chat answers against the exact model's")
     args = ap.parse_args()
     sets = ({s: tuple(s.split(",")) for s in args.layers} if args.layers else LAYER_SETS)
     os.environ["ROSEINFER_CPU_KERNELS"] = "0"  # the exact fp32 PyTorch path, hookable
@@ -101,6 +124,20 @@ def main() -> None:
     for label, names in sets.items():
         dppl, agree, count = measure(llm, model, names, args.bits, ref)
         print(f"| {label} | {count} | {dppl:+.2f}% | {agree:.2f}% |")
+    if args.chat:
+        exact = chat_answers(llm)
+        for label, names in sets.items():
+            hooks = rounded(model, names, args.bits)
+            try:
+                answers = chat_answers(llm)
+            finally:
+                for h in hooks:
+                    h.remove()
+            same = [a[0] == b[0] for a, b in zip(answers, exact, strict=True)]
+            for ok, a, b in zip(same, answers, exact, strict=True):
+                print(f"{'=' if ok else '!'} {a[1]!r} / fp32 {b[1]!r}")
+            print(f"{label}: {sum(same)} of {len(same)} answers as fp32 (16 tokens), "
+                  f"Paris named: {'Paris' in answers[0][1]}")
 
 
 if __name__ == "__main__":
