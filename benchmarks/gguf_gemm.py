@@ -5,6 +5,11 @@ format at 1B shapes and M = 1, 16, 64 (--rows); interleaved runs, medians.
     python benchmarks/gguf_gemm.py [--threads 2] [--types Q4_K,Q6_K] [--reps 15]
     python benchmarks/gguf_gemm.py --threads 1 --cpu-time   # steadier on a busy machine
     python benchmarks/gguf_gemm.py --act8 --types Q4_0,Q4_1  # int16 -> int8 activations (gate/up)
+    python benchmarks/gguf_gemm.py --rows 1 --gbs --types Q4_0 --shapes 2048x3072  # GEMV read GB/s
+
+--gbs: each cell also gives the new path's weight read rate (stored bytes / median time,
+GB/s) next to ``roseinfer.bench.bandwidth.read_bandwidth_gbs`` (printed once): a 1-row
+GEMV is bound by it.
 """
 
 from __future__ import annotations
@@ -60,6 +65,8 @@ def main() -> None:
     ap.add_argument("--rows", default="1,16,64", help="M values (rows per step), comma separated")
     ap.add_argument("--act8", action="store_true",
                     help="old: the stored format with int16 activations; new: act8 (int8 ones)")
+    ap.add_argument("--gbs", action="store_true",
+                    help="also the new path's weight bytes read per second (GB/s) and the read bandwidth")
     args = ap.parse_args()
     assert cpu_kernels_available()
     if args.cpu_time and args.threads != 1:
@@ -70,6 +77,10 @@ def main() -> None:
     clock = "thread CPU time" if args.cpu_time else "wall clock"
     old_label = "int16 activations -> act8" if args.act8 else "old Q8_0 path -> new"
     print(f"threads={args.threads} reps={args.reps} {clock}; GFLOP/s ({old_label}), speedup")
+    if args.gbs:
+        from roseinfer.bench.bandwidth import read_bandwidth_gbs
+
+        print(f"read bandwidth ({args.threads} threads): {read_bandwidth_gbs():.1f} GB/s", flush=True)
     for name in args.types.split(","):
         qtype = gguf.GGMLQuantizationType[name]
         for k, n in shapes:
@@ -92,7 +103,11 @@ def main() -> None:
                 flop = 2.0 * m * n * k
                 g_old = flop / statistics.median(t_old) / 1e9
                 g_new = flop / statistics.median(t_new) / 1e9
-                cells.append(f"M={m}: {g_old:6.1f} -> {g_new:6.1f} ({g_new / g_old:4.2f}x)")
+                cell = f"M={m}: {g_old:6.1f} -> {g_new:6.1f} ({g_new / g_old:4.2f}x)"
+                if args.gbs:
+                    gbs = raw.nbytes / statistics.median(t_new) / 1e9
+                    cell += f" {gbs:5.1f} GB/s {statistics.median(t_new) * 1e3:6.3f} ms"
+                cells.append(cell)
             print(f"{name:5s} K={k:5d} N={n:5d}  " + "  ".join(cells), flush=True)
 
 

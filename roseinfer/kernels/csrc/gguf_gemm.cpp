@@ -237,6 +237,46 @@ void tile_rows(int64_t mr, const TileArgs& t) {
   }
 }
 
+// One row, a format of one 32-block per panel block and one plain scale (Q4_0, Q8_0):
+// panels [p0, p1) with the accumulators in registers and the scales converted where they
+// are read (no decode into a DBlock, no accumulator round trip through memory per block);
+// the same integer dots and the same fp32 steps in the same order as panels_avx2's tiles
+// (acc = fma(float(dot), dx * d, acc) per block), so the same bits.  Each block
+// prefetches the block kPfAhead bytes on (the next panel's, near a panel's end: panels
+// are contiguous).
+template <class F>
+void row1_panels(const GgufPanels& g, const int16_t* xq, const float* dx, const int32_t* xs,
+                 int64_t p0, int64_t p1, const float* bias, float* y, int64_t ldy) {
+  static_assert(F::E == 32 && F::HALVES == 1 && !F::kMin && (F::BITS == 4 || F::BITS == 8),
+                "row1_panels: one plain-scaled 32-block per panel block");
+  constexpr Head kHead = F::BITS == 8 ? Head::I8 : Head::NIB;
+  constexpr int64_t kPfAhead = 32 * F::kPanel;
+  const int64_t K = g.K, KB = K / 32;
+  const uint8_t* base = g.packed.data_ptr<uint8_t>();
+  alignas(32) float out[16];
+  for (int64_t p = p0; p < p1; ++p) {
+    const uint8_t* panel = base + p * KB * F::kPanel;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int64_t j = 0; j < KB; ++j) {
+      const uint8_t* blk = panel + j * F::kPanel;
+      for (int64_t i = 0; i < F::kPanel; i += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(blk + kPfAhead + i), _MM_HINT_T0);
+      const int16_t* xr[1] = {xq + j * 32};
+      __m256i a[1][2];
+      start_at<1>(a, xs, K / 16, 2 * j, 2, F::OFFSET);
+      steps_int<1, 16, kHead>(xr, blk, a);
+      const __m128i* h = reinterpret_cast<const __m128i*>(blk + F::kScaleOff);
+      const __m256 s = _mm256_set1_ps(dx[j]);
+      acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[0][0]), _mm256_mul_ps(s, _mm256_cvtph_ps(_mm_loadu_si128(h))), acc0);
+      acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[0][1]), _mm256_mul_ps(s, _mm256_cvtph_ps(_mm_loadu_si128(h + 1))), acc1);
+    }
+    _mm256_store_ps(out, acc0);
+    _mm256_store_ps(out + 8, acc1);
+    const int64_t n0 = p * 16;
+    store_tile(out, 1, n0, std::min<int64_t>(16, g.N - n0), bias, y, ldy);
+  }
+}
+
 // Panels [p0, p1), rows in chunks whose activations stay in L2: per panel, groups of
 // 32-blocks are decoded (8 to int16 in L1, else 32: scales and pointers), then every
 // row tile of the chunk adds their share into its accumulators (acc [chunk rows][16]).
@@ -309,6 +349,8 @@ void run_format(const GgufPanels& g, const int16_t* xq, const float* dx, const f
   }
   at::parallel_for(0, NP, grain, [&](int64_t p0, int64_t p1) {
 #ifdef ROSEINFER_AVX2
+    if constexpr (F::E == 32 && F::HALVES == 1 && !F::kMin && (F::BITS == 4 || F::BITS == 8))
+      if (!portable && M == 1) return row1_panels<F>(g, xq, dx, xs.empty() ? nullptr : xs.data(), p0, p1, bias, y, ldy);
     if (!portable) return panels_avx2<F>(g, xq, dx, sx, xs.empty() ? nullptr : xs.data(), M, p0, p1, bias, y, ldy);
 #endif
     panels_scalar<F>(g, xq, dx, sx, M, p0, p1, bias, y, ldy);

@@ -1,0 +1,77 @@
+"""Read rate (GB/s) of 1-row GGUF GEMVs as decode sees them: weights from DRAM.
+
+A decode step reads every layer's weights once, far more than L3 holds, so each GEMV
+streams its weights from memory.  Timing one matrix again and again instead measures
+L3 (a 1B layer's matrices fit).  Here each shape gets enough copies (same bytes, distinct
+buffers) to pass ``--working-set-mb``, called in turn; the best of ``--rounds`` passes,
+stored bytes / seconds per call, next to ``roseinfer.bench.bandwidth.read_bandwidth_gbs``
+with the same threads.  ``--l3``: one copy instead (the kernel's compute ceiling).
+
+    python benchmarks/gemv_bandwidth.py --types Q4_0 --threads 2
+    python benchmarks/gemv_bandwidth.py --types Q4_0,Q4_K,Q6_K --threads 1 --cpu-time
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import gguf
+import numpy as np
+import torch
+from gguf_gemm import random_raw  # this folder (run as a script)
+
+from roseinfer.bench.bandwidth import read_bandwidth_gbs
+from roseinfer.kernels import cpu_kernels_available
+from roseinfer.kernels.gguf import make_gguf_linear
+
+# (K, N, act8): the 1B model's qkv, o, gate_up (int8 activations), down and LM head.
+SHAPES = [(2048, 3072, False), (2048, 2048, False), (2048, 16384, True), (8192, 2048, False),
+          (2048, 49152, False)]
+ACT8_TYPES = ("Q4_0", "Q4_1")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--types", default="Q4_0,Q4_K,Q6_K")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--cpu-time", action="store_true", help="thread CPU time (needs --threads 1)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--working-set-mb", type=float, default=160.0)
+    ap.add_argument("--l3", action="store_true", help="one copy per shape (cache resident)")
+    args = ap.parse_args()
+    assert cpu_kernels_available()
+    if args.cpu_time and args.threads != 1:
+        raise SystemExit("--cpu-time measures the calling thread: use --threads 1")
+    torch.set_num_threads(args.threads)
+    clock = time.thread_time if args.cpu_time else time.perf_counter
+    print(f"threads={args.threads} read bandwidth {read_bandwidth_gbs():.1f} GB/s; "
+          f"GEMV GB/s ({'thread CPU time' if args.cpu_time else 'wall clock'}, best of "
+          f"{args.rounds}, {'one copy' if args.l3 else f'>= {args.working_set_mb:.0f} MB rotated'})")
+    rng = np.random.default_rng(0)
+    for name in args.types.split(","):
+        qtype = gguf.GGMLQuantizationType[name]
+        cells = []
+        for k, n, act8 in SHAPES:
+            if act8 and name not in ACT8_TYPES:
+                continue
+            raw = torch.from_numpy(random_raw(qtype, n, k, rng))
+            copies = 1 if args.l3 else max(2, int(args.working_set_mb * 1e6 / raw.nbytes) + 1)
+            lins = [make_gguf_linear([(int(qtype), raw)], None, act8=act8) for _ in range(copies)]
+            x = torch.randn(1, k)
+            calls = max(copies, 8)
+            for i in range(calls):
+                lins[i % copies].forward(x)
+            best = float("inf")
+            for _ in range(args.rounds):
+                t0 = clock()
+                for i in range(calls):
+                    lins[i % copies].forward(x)
+                best = min(best, (clock() - t0) / calls)
+            cells.append(f"{k}x{n}{' act8' if act8 else ''}: {raw.nbytes / best / 1e9:5.1f}")
+            del lins
+        print(f"{name:5s} " + "  ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
