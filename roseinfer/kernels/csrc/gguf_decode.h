@@ -129,6 +129,22 @@ inline void scale16(const float* d, __m128i v, float* out, bool negate = false) 
   _mm256_storeu_ps(out + 8, _mm256_xor_ps(sign, _mm256_mul_ps(_mm256_loadu_ps(d + 8), _mm256_cvtepi32_ps(hi))));
 }
 
+// Q4_K / Q5_K: the 6-bit scales sc and minima mn of 32-block jj of 16 columns from a
+// panel's scale region sp (the 12 byte planes at sp + 64, gguf_formats.h).
+inline void kquant_sc_mn(const uint8_t* sp, int jj, __m128i& sc, __m128i& mn) {
+  const auto plane = [&](int i) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(sp + 64 + 16 * i)); };
+  const __m128i m6 = _mm_set1_epi8(63), m4 = _mm_set1_epi8(15), top = _mm_set1_epi8(0x30);
+  if (jj < 4) {
+    sc = _mm_and_si128(plane(jj), m6);
+    mn = _mm_and_si128(plane(jj + 4), m6);
+  } else {  // bits 6-7 of bytes j-4 / j become bits 4-5
+    const __m128i p = plane(jj + 4);
+    sc = _mm_or_si128(_mm_and_si128(p, m4), _mm_and_si128(_mm_srli_epi16(plane(jj - 4), 2), top));
+    mn = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(p, 4), m4),
+                      _mm_and_si128(_mm_srli_epi16(plane(jj), 2), top));
+  }
+}
+
 // wide: every format's integers decoded to int16 (o.w) for tiles that read them as
 // they are; else the values stay in the panel (widened in registers).
 template <class F>
@@ -147,18 +163,8 @@ inline void decode_avx2(const uint8_t* psb, int jj, DBlock& o, bool wide) {
     alignas(32) float d[16], dmin[16];
     load_f16x16(sp, d);
     load_f16x16(sp + 32, dmin);
-    const auto plane = [&](int i) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(sp + 64 + 16 * i)); };
-    const __m128i m6 = _mm_set1_epi8(63), m4 = _mm_set1_epi8(15), top = _mm_set1_epi8(0x30);
     __m128i sc, mn;
-    if (jj < 4) {
-      sc = _mm_and_si128(plane(jj), m6);
-      mn = _mm_and_si128(plane(jj + 4), m6);
-    } else {  // bits 6-7 of bytes j-4 / j become bits 4-5
-      const __m128i p = plane(jj + 4);
-      sc = _mm_or_si128(_mm_and_si128(p, m4), _mm_and_si128(_mm_srli_epi16(plane(jj - 4), 2), top));
-      mn = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(p, 4), m4),
-                        _mm_and_si128(_mm_srli_epi16(plane(jj), 2), top));
-    }
+    kquant_sc_mn(sp, jj, sc, mn);
     scale16<false>(d, sc, o.d0);
     scale16<false>(dmin, mn, o.m, true);
   } else if constexpr (F::kType == kQ6_K) {
