@@ -1,0 +1,124 @@
+// The GGUF GEMM's one-row loops (gguf_gemm.cpp's driver picks them for M == 1 on AVX2):
+// the accumulators in registers, scales converted where they are read, and the same
+// integer dots and fp32 steps, in the same order, as the multi-row tiles (so the same
+// bits: a row alone equals the row in a batch).  Also the accumulators' start value that
+// both use.
+#pragma once
+
+#include "gguf_decode.h"
+#include "gguf_gemm.h"
+#include "gguf_tiles.h"
+#include "q8_tiles.h"
+
+namespace roseinfer {
+
+#ifdef ROSEINFER_AVX2
+
+// Accumulators' start: -off * the exact sum of the activations of rows [0, MR) over the
+// 16-value groups [g, g + n) of xs (stride KH): the dot with q then is the dot with q - off.
+template <int MR>
+inline void start_at(__m256i (&a)[MR][2], const int32_t* xs, int64_t KH, int64_t g, int n,
+                     int32_t off) {
+  for (int m = 0; m < MR; ++m) {
+    int32_t t = 0;
+    if (off)
+      for (int i = 0; i < n; ++i) t += xs[m * KH + g + i];
+    a[m][0] = a[m][1] = _mm256_set1_epi32(-off * t);
+  }
+}
+
+// One row, a format of one 32-block per panel block and one plain scale (Q4_0, Q8_0):
+// panels [p0, p1) with the accumulators in registers and the scales converted where they
+// are read (no decode into a DBlock, no accumulator round trip through memory per block);
+// the same integer dots and the same fp32 steps in the same order as panels_avx2's tiles
+// (acc = fma(float(dot), dx * d, acc) per block), so the same bits.  Each block
+// prefetches the block kPfAhead bytes on (the next panel's, near a panel's end: panels
+// are contiguous).
+template <class F>
+void row1_panels(const GgufPanels& g, const int16_t* xq, const float* dx, const int32_t* xs,
+                 int64_t p0, int64_t p1, const float* bias, float* y, int64_t ldy) {
+  static_assert(F::E == 32 && F::HALVES == 1 && !F::kMin && (F::BITS == 4 || F::BITS == 8),
+                "row1_panels: one plain-scaled 32-block per panel block");
+  constexpr Head kHead = F::BITS == 8 ? Head::I8 : Head::NIB;
+  constexpr int64_t kPfAhead = 32 * F::kPanel;
+  const int64_t K = g.K, KB = K / 32;
+  const uint8_t* base = g.packed.data_ptr<uint8_t>();
+  alignas(32) float out[16];
+  for (int64_t p = p0; p < p1; ++p) {
+    const uint8_t* panel = base + p * KB * F::kPanel;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int64_t j = 0; j < KB; ++j) {
+      const uint8_t* blk = panel + j * F::kPanel;
+      for (int64_t i = 0; i < F::kPanel; i += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(blk + kPfAhead + i), _MM_HINT_T0);
+      const int16_t* xr[1] = {xq + j * 32};
+      __m256i a[1][2];
+      start_at<1>(a, xs, K / 16, 2 * j, 2, F::OFFSET);
+      steps_int<1, 16, kHead>(xr, blk, a);
+      const __m128i* h = reinterpret_cast<const __m128i*>(blk + F::kScaleOff);
+      const __m256 s = _mm256_set1_ps(dx[j]);
+      acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[0][0]), _mm256_mul_ps(s, _mm256_cvtph_ps(_mm_loadu_si128(h))), acc0);
+      acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[0][1]), _mm256_mul_ps(s, _mm256_cvtph_ps(_mm_loadu_si128(h + 1))), acc1);
+    }
+    _mm256_store_ps(out, acc0);
+    _mm256_store_ps(out + 8, acc1);
+    const int64_t n0 = p * 16;
+    store_tile(out, 1, n0, std::min<int64_t>(16, g.N - n0), bias, y, ldy);
+  }
+}
+
+// One row of Q4_K / Q5_K: panels [p0, p1) with the accumulators in registers; per
+// 256-value super-block d and dmin are converted once and the 8 32-blocks' D = d sc and
+// M = -(dmin mn) computed together (into L1), then each 32-block adds
+// fma(float(dot), dx * D, acc) and then fma(sx, M, .): the same integer dots and fp32
+// steps in the same order as panels_avx2's tiles (scale_min_add), so the same bits.
+// Each 32-block prefetches its share of the super-block 4 on (panels are contiguous).
+template <class F>
+void row1_kquant(const GgufPanels& g, const int16_t* xq, const float* dx, const float* sx,
+                 int64_t p0, int64_t p1, const float* bias, float* y, int64_t ldy) {
+  static_assert(F::kType == kQ4_K || F::kType == kQ5_K, "row1_kquant: Q4_K / Q5_K");
+  constexpr int64_t kPfAhead = F::kPanel / 8;  // one 32-block's share of a super-block
+  const int64_t K = g.K, NSB = K / 256;
+  const uint8_t* base = g.packed.data_ptr<uint8_t>();
+  alignas(32) float d[16], dmin[16], D[8][16], M[8][16], out[16];
+  for (int64_t p = p0; p < p1; ++p) {
+    const uint8_t* panel = base + p * NSB * F::kPanel;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int64_t sb = 0; sb < NSB; ++sb) {
+      const uint8_t* psb = panel + sb * F::kPanel;
+      const uint8_t* sp = psb + F::kScaleOff;
+      load_f16x16(sp, d);
+      load_f16x16(sp + 32, dmin);
+      for (int jj = 0; jj < 8; ++jj) {
+        __m128i sc, mn;
+        kquant_sc_mn(sp, jj, sc, mn);
+        scale16<false>(d, sc, D[jj]);
+        scale16<false>(dmin, mn, M[jj], true);
+      }
+      for (int jj = 0; jj < 8; ++jj) {
+        const int64_t j = sb * 8 + jj;
+        const uint8_t* pf = psb + 4 * F::kPanel + jj * kPfAhead;  // 4 super-blocks on
+        for (int64_t i = 0; i < kPfAhead; i += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(pf + i), _MM_HINT_T0);
+        const int16_t* xr[1] = {xq + j * 32};
+        __m256i a[1][2];
+        start_at<1>(a, nullptr, K / 16, 2 * j, 2, 0);
+        if constexpr (F::BITS == 5) steps_q5<1>(xr, psb + jj * 256, psb + F::Ints::kNib + jj * 64, a);
+        else steps_int<1, 16, Head::NIB>(xr, psb + jj * 256, a);
+        const __m256 s = _mm256_set1_ps(dx[j]), t = _mm256_set1_ps(sx[j]);
+        const __m256 r0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[0][0]), _mm256_mul_ps(s, _mm256_load_ps(D[jj])), acc0);
+        const __m256 r1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[0][1]), _mm256_mul_ps(s, _mm256_load_ps(D[jj] + 8)), acc1);
+        acc0 = _mm256_fmadd_ps(t, _mm256_load_ps(M[jj]), r0);
+        acc1 = _mm256_fmadd_ps(t, _mm256_load_ps(M[jj] + 8), r1);
+      }
+    }
+    _mm256_store_ps(out, acc0);
+    _mm256_store_ps(out + 8, acc1);
+    const int64_t n0 = p * 16;
+    store_tile(out, 1, n0, std::min<int64_t>(16, g.N - n0), bias, y, ldy);
+  }
+}
+
+#endif  // ROSEINFER_AVX2
+
+}  // namespace roseinfer
