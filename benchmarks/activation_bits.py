@@ -30,7 +30,8 @@ import argparse
 import math
 import os
 import runpy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -82,21 +83,23 @@ def chat_answers(llm: object) -> list[tuple[list[int], str]]:
     return [(list(o.outputs[0].token_ids), o.outputs[0].text) for o in outs]
 
 
-def rounded(model: nn.Module, names: Sequence[str], bits: int) -> list:
-    """Hooks rounding the inputs of the layers named ``names`` (remove them after)."""
-    return [m.register_forward_pre_hook(round_blocks(bits))
-            for n, m in model.named_modules() if n.rsplit(".", 1)[-1] in names]
+@contextmanager
+def rounded(model: nn.Module, names: Sequence[str], bits: int) -> Iterator[list]:
+    """The inputs of the layers named ``names`` rounded while inside (yields the hooks)."""
+    hooks = [m.register_forward_pre_hook(round_blocks(bits))
+             for n, m in model.named_modules() if n.rsplit(".", 1)[-1] in names]
+    try:
+        yield hooks
+    finally:
+        for h in hooks:
+            h.remove()
 
 
 def measure(llm: object, model: nn.Module, names: Sequence[str], bits: int,
             ref: tuple[list[float], list[int]]) -> tuple[float, float, int]:
     """(perplexity change in %, top-1 agreement in %, layers rounded)."""
-    hooks = rounded(model, names, bits)
-    try:
+    with rounded(model, names, bits) as hooks:
         logprobs, top1 = prompt_stats(llm)
-    finally:
-        for h in hooks:
-            h.remove()
     ppl_ref = math.exp(-sum(ref[0]) / len(ref[0]))
     ppl = math.exp(-sum(logprobs) / len(logprobs))
     agree = sum(a == b for a, b in zip(ref[1], top1, strict=True)) / len(top1)
@@ -127,12 +130,8 @@ def main() -> None:
     if args.chat:
         exact = chat_answers(llm)
         for label, names in sets.items():
-            hooks = rounded(model, names, args.bits)
-            try:
+            with rounded(model, names, args.bits):
                 answers = chat_answers(llm)
-            finally:
-                for h in hooks:
-                    h.remove()
             same = [a[0] == b[0] for a, b in zip(answers, exact, strict=True)]
             for ok, a, b in zip(same, answers, exact, strict=True):
                 print(f"{'=' if ok else '!'} {a[1]!r} / fp32 {b[1]!r}")

@@ -131,7 +131,6 @@ inline void q6k_scale(float* acc, const __m256i (&h0)[MR][2], const __m256i (&h1
   }
 }
 
-
 // Q6_K: per 16-value half, the dots with q - 32 (wide: decoded as such; else the dots
 // with the unsigned q from -32 * the half's activation sum: the same integers), then
 // scaled.
@@ -298,11 +297,9 @@ void run_format(const GgufPanels& g, const int16_t* xq, const float* dx, const f
   }
   at::parallel_for(0, NP, grain, [&](int64_t p0, int64_t p1) {
 #ifdef ROSEINFER_AVX2
-    if constexpr (F::E == 32 && F::HALVES == 1 && !F::kMin && (F::BITS == 4 || F::BITS == 8))
-      if (!portable && M == 1) return row1_panels<F>(g, xq, dx, xs.empty() ? nullptr : xs.data(), p0, p1, bias, y, ldy);
-    if constexpr (F::kType == kQ4_K || F::kType == kQ5_K)
-      if (!portable && M == 1) return row1_kquant<F>(g, xq, dx, sx, p0, p1, bias, y, ldy);
-    if (!portable) return panels_avx2<F>(g, xq, dx, sx, xs.empty() ? nullptr : xs.data(), M, p0, p1, bias, y, ldy);
+    const int32_t* xsp = xs.empty() ? nullptr : xs.data();
+    if (!portable && M == 1 && row1<F>(g, xq, dx, sx, xsp, p0, p1, bias, y, ldy)) return;
+    if (!portable) return panels_avx2<F>(g, xq, dx, sx, xsp, M, p0, p1, bias, y, ldy);
 #endif
     panels_scalar<F>(g, xq, dx, sx, M, p0, p1, bias, y, ldy);
   });

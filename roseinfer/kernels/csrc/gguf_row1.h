@@ -27,6 +27,11 @@ inline void start_at(__m256i (&a)[MR][2], const int32_t* xs, int64_t KH, int64_t
   }
 }
 
+// Formats of one 32-block per panel block and one plain scale (Q4_0, Q8_0).
+template <class F>
+constexpr bool kPlainBlocks =
+    F::E == 32 && F::HALVES == 1 && !F::kMin && (F::BITS == 4 || F::BITS == 8);
+
 // One row, a format of one 32-block per panel block and one plain scale (Q4_0, Q8_0):
 // panels [p0, p1) with the accumulators in registers and the scales converted where they
 // are read (no decode into a DBlock, no accumulator round trip through memory per block);
@@ -37,8 +42,7 @@ inline void start_at(__m256i (&a)[MR][2], const int32_t* xs, int64_t KH, int64_t
 template <class F>
 void row1_panels(const GgufPanels& g, const int16_t* xq, const float* dx, const int32_t* xs,
                  int64_t p0, int64_t p1, const float* bias, float* y, int64_t ldy) {
-  static_assert(F::E == 32 && F::HALVES == 1 && !F::kMin && (F::BITS == 4 || F::BITS == 8),
-                "row1_panels: one plain-scaled 32-block per panel block");
+  static_assert(kPlainBlocks<F>, "row1_panels: one plain-scaled 32-block per panel block");
   constexpr Head kHead = F::BITS == 8 ? Head::I8 : Head::NIB;
   constexpr int64_t kPfAhead = 32 * F::kPanel;
   const int64_t K = g.K, KB = K / 32;
@@ -117,6 +121,21 @@ void row1_kquant(const GgufPanels& g, const int16_t* xq, const float* dx, const 
     const int64_t n0 = p * 16;
     store_tile(out, 1, n0, std::min<int64_t>(16, g.N - n0), bias, y, ldy);
   }
+}
+
+// Panels [p0, p1) of a one-row step by its format's 1-row loop; false for a format that
+// has none (the caller runs its tiles).
+template <class F>
+bool row1(const GgufPanels& g, const int16_t* xq, const float* dx, const float* sx,
+          const int32_t* xs, int64_t p0, int64_t p1, const float* bias, float* y, int64_t ldy) {
+  if constexpr (kPlainBlocks<F>) {
+    row1_panels<F>(g, xq, dx, xs, p0, p1, bias, y, ldy);
+    return true;
+  } else if constexpr (F::kType == kQ4_K || F::kType == kQ5_K) {
+    row1_kquant<F>(g, xq, dx, sx, p0, p1, bias, y, ldy);
+    return true;
+  }
+  return false;
 }
 
 #endif  // ROSEINFER_AVX2
