@@ -123,6 +123,57 @@ void row1_kquant(const GgufPanels& g, const int16_t* xq, const float* dx, const 
   }
 }
 
+// One row of Q6_K: panels [p0, p1) with the accumulators in registers; per 256-value
+// super-block d is converted once and the 16 halves' scales D = d sc computed together
+// (into L1), then each 32-block sums its two 16-value halves (q - 32: the sums start at
+// -32 * the half's activation sum) and adds fma(float(dot0), dx * D0, acc), then
+// fma(float(dot1), dx * D1, .): the same integer dots and fp32 steps in the same order as
+// panels_avx2's tiles (q6k_scale), so the same bits.  Each 32-block prefetches its share
+// of the super-block 4 on (panels are contiguous).
+inline void row1_q6k(const GgufPanels& g, const int16_t* xq, const float* dx,
+                     const int32_t* xs, int64_t p0, int64_t p1, const float* bias, float* y,
+                     int64_t ldy) {
+  using F = FQ6_K;
+  constexpr int64_t kPfAhead = F::kPanel / 8;  // one 32-block's share of a super-block
+  const int64_t K = g.K, NSB = K / 256, KH = K / 16;
+  const uint8_t* base = g.packed.data_ptr<uint8_t>();
+  alignas(32) float d[16], D[16][16], out[16];
+  for (int64_t p = p0; p < p1; ++p) {
+    const uint8_t* panel = base + p * NSB * F::kPanel;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int64_t sb = 0; sb < NSB; ++sb) {
+      const uint8_t* psb = panel + sb * F::kPanel;
+      const uint8_t* sp = psb + F::kScaleOff;
+      load_f16x16(sp + 256, d);
+      for (int i = 0; i < 16; ++i)
+        scale16<true>(d, _mm_loadu_si128(reinterpret_cast<const __m128i*>(sp + 16 * i)), D[i]);
+      for (int jj = 0; jj < 8; ++jj) {
+        const int64_t j = sb * 8 + jj;
+        const uint8_t* pf = psb + 4 * F::kPanel + jj * kPfAhead;  // 4 super-blocks on
+        for (int64_t i = 0; i < kPfAhead; i += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(pf + i), _MM_HINT_T0);
+        __m256i a[2][1][2];
+        for (int h = 0; h < 2; ++h) {
+          const int16_t* xr[1] = {xq + j * 32 + 16 * h};
+          start_at<1>(a[h], xs, KH, 2 * j + h, 1, 32);
+          q6k_half<1>(xr, psb + jj * 384 + 192 * h, a[h]);
+        }
+        const __m256 s = _mm256_set1_ps(dx[j]);
+        const float* D0 = D[2 * jj];
+        const float* D1 = D[2 * jj + 1];
+        __m256 r0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[0][0][0]), _mm256_mul_ps(s, _mm256_load_ps(D0)), acc0);
+        __m256 r1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[0][0][1]), _mm256_mul_ps(s, _mm256_load_ps(D0 + 8)), acc1);
+        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[1][0][0]), _mm256_mul_ps(s, _mm256_load_ps(D1)), r0);
+        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[1][0][1]), _mm256_mul_ps(s, _mm256_load_ps(D1 + 8)), r1);
+      }
+    }
+    _mm256_store_ps(out, acc0);
+    _mm256_store_ps(out + 8, acc1);
+    const int64_t n0 = p * 16;
+    store_tile(out, 1, n0, std::min<int64_t>(16, g.N - n0), bias, y, ldy);
+  }
+}
+
 // Panels [p0, p1) of a one-row step by its format's 1-row loop; false for a format that
 // has none (the caller runs its tiles).
 template <class F>
@@ -133,6 +184,9 @@ bool row1(const GgufPanels& g, const int16_t* xq, const float* dx, const float* 
     return true;
   } else if constexpr (F::kType == kQ4_K || F::kType == kQ5_K) {
     row1_kquant<F>(g, xq, dx, sx, p0, p1, bias, y, ldy);
+    return true;
+  } else if constexpr (F::kType == kQ6_K) {
+    row1_q6k(g, xq, dx, xs, p0, p1, bias, y, ldy);
     return true;
   }
   return false;
