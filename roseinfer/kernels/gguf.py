@@ -78,8 +78,8 @@ def make_gguf_linear(parts: list[tuple[int, Tensor]], bias: Tensor | None, act8:
     number K of values per row (in_features).  The raw tensors are read, never written,
     and may be dropped afterwards.  ``act8``: Q4_1 and Q4_0 parts take int8 activations
     (``model/quantize.py`` ``act8_layer``, ``csrc/q4_act8.h``); other types ignore it.
-    ``extra_copy``: Q4_1 (act8: and Q4_0) parts also keep an int8 copy of their values (1.6x their size) for steps of more
-    than 4 rows (faster there; the same results).  ValueError for an unsupported type,
+    ``extra_copy``: with ``act8``, Q4_1 and Q4_0 parts also keep an int8 copy of their values
+    (1.6x their size) for steps of more than 4 rows (faster there; the same results).  ValueError for an unsupported type,
     a row size that is not whole blocks, parts of different K, or a bias of the wrong size.
     """
     if not parts:

@@ -212,9 +212,10 @@ def test_mixed_parts_batch_invariant() -> None:
         assert torch.equal(lin.forward_portable(x[:m]), got)
 
 
-def test_q4_1_parts_keep_the_int8_format_kernel() -> None:
-    """Q4_1 parts run the int8 format's Q4_1 kernel (make_q4_linear on the same values),
-    with int8 activations for act8 layers, with and without the int8 copy."""
+def test_q4_1_parts_equal_the_int8_format_kernel() -> None:
+    """Q4_1 parts (int16 activations: the GGUF panels; act8: the int8 format's Q4_1
+    kernel, int8 activations) give what make_q4_linear gives on the same values, with and
+    without the int8 copy."""
     from roseinfer.kernels import make_q4_linear
     from roseinfer.kernels.gguf import make_gguf_linear
 

@@ -11,7 +11,9 @@
 //   Q5_K (176 B / 256): d, dmin, scales[12], qh[32] (bit j of qh[i]: 5th bit), qs[128]
 //   Q6_K (210 B / 256): ql[128], qh[64], sc[16] int8 (one per 16 values), d
 //                                                       w = (d sc_{e/16}) (q - 32)
-// (Q4_1 stays with Q8Gemm, q8_gemm.h; F16 / BF16 with PanelGemm, panel_gemm.h.)
+//   Q4_1 (20 B / 32): d, m, qs[16] (as Q4_0)            w = fp32(d * q) + m
+// (Q4_1 parts of act8 layers stay with Q8Gemm, q8_gemm.h; F16 / BF16 with PanelGemm,
+// panel_gemm.h.)
 // Every product above is exact in fp32 (d sc: 11 + 8 bits; times q: <= 24 bits), so
 // the kernel's weight is the dequantized value (gguf.quants.dequantize) bit for bit:
 // w = D * v + M with v the integer multiplied (q minus the format's offset), D the
@@ -183,6 +185,24 @@ GGUF_FMT(FQ4_0, kQ4_0, 32, 18, 4, 8, 1, false)
   }
 };
 
+GGUF_FMT(FQ4_1, kQ4_1, 32, 20, 4, 0, 1, true)
+  static int stored_q(const uint8_t* s, int e) { return e < 16 ? s[4 + e] & 15 : s[4 + e - 16] >> 4; }
+  static void pack_scales(const uint8_t* s, uint8_t* p, int c) {
+    std::memcpy(p + 2 * c, s, 2);
+    std::memcpy(p + 32 + 2 * c, s + 2, 2);
+  }
+  static BlockScales scales(const uint8_t* p, int, int c) {
+    return {f16_at(p + 2 * c), 0.f, f16_at(p + 32 + 2 * c)};
+  }
+  static void dequant(const uint8_t* s, float* out) {
+    const float d = f16_at(s), m = f16_at(s + 2);
+    for (int e = 0; e < 32; ++e) {
+      const float dq = d * static_cast<float>(stored_q(s, e));  // exact
+      out[e] = dq + m;
+    }
+  }
+};
+
 GGUF_FMT(FQ5_0, kQ5_0, 32, 22, 5, 16, 1, false)
   static int stored_q(const uint8_t* s, int e) {
     const int lo = e < 16 ? s[6 + e] & 15 : s[6 + e - 16] >> 4;
@@ -297,6 +317,7 @@ inline bool with_format(int64_t type, F&& f) {
   switch (type) {
     case kQ8_0: f(FQ8_0{}); return true;
     case kQ4_0: f(FQ4_0{}); return true;
+    case kQ4_1: f(FQ4_1{}); return true;
     case kQ5_0: f(FQ5_0{}); return true;
     case kQ5_1: f(FQ5_1{}); return true;
     case kQ4_K: f(FQ4_K{}); return true;

@@ -12,9 +12,9 @@
 // scale / minimum term (gguf_formats.h: d, d * sc, m or -(dmin * mn), all exact).
 // Integer sums are exact and the fp32 steps run in one order for every row, so a row's
 // result never depends on M, its position, the tiling, the threads or the ISA path
-// (docs/CONTRACTS.md, batch invariance).  Q4_1 keeps the int8 format's kernel
-// (q8_gemm.h, nibbles; int8 activations for act8 layers, as Q4_0 parts of those), F16 / BF16 the fp32-math panel
-// GEMM (panel_gemm.h).
+// (docs/CONTRACTS.md, batch invariance).  Q4_1 and Q4_0 parts of act8 layers take the
+// int8 format's kernel (q8_gemm.h / q4_act8.h: int8 activations), F16 / BF16 the
+// fp32-math panel GEMM (panel_gemm.h).
 // Execution: output panels of 16 columns split over the threads, rows in chunks whose
 // activations stay in L2; per panel, groups of 32-blocks (8 when decoded to int16, else
 // 32) are decoded (gguf_decode.h: the scales D / M as fp32; 5- and 6-bit values, when
@@ -56,8 +56,8 @@ struct GgufPanels {
 struct GgufGemm {
   struct Segment {
     int64_t type = 0, n0 = 0, n = 0;
-    std::shared_ptr<GgufPanels> quant;  // Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K
-    std::shared_ptr<Q8Gemm> q4_1;       // Q4_1; Q4_0 of an act8 layer (q4_act8.h)
+    std::shared_ptr<GgufPanels> quant;  // Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K
+    std::shared_ptr<Q8Gemm> q4_1;       // Q4_1 / Q4_0 of an act8 layer (q4_act8.h)
     std::shared_ptr<PanelGemm> panels;  // F16, BF16
   };
   std::vector<Segment> segments;

@@ -93,7 +93,7 @@ GgufGemm::GgufGemm(const std::vector<int64_t>& types, const std::vector<at::Tens
       for (int64_t r = 0; r < seg.n; ++r)
         std::memcpy(static_cast<uint8_t*>(w.data_ptr()) + r * K * 2, rows[r], K * 2);
       seg.panels = std::make_shared<PanelGemm>(w);
-    } else if (seg.type == kQ4_1 || (act8 && seg.type == kQ4_0)) {
+    } else if (act8 && (seg.type == kQ4_1 || seg.type == kQ4_0)) {
       at::Tensor q, d, m;
       const bool q4_0 = seg.type == kQ4_0;
       unpack_q4(rows, K, q4_0, q, d, m);
@@ -165,15 +165,6 @@ at::Tensor gguf_rows(const at::Tensor& raw, int64_t type, const at::Tensor& ids_
           } else {
             const uint32_t bits = uint32_t(h) << 16;
             std::memcpy(o + k, &bits, 4);
-          }
-        }
-      } else if (type == kQ4_1) {
-        for (int64_t j = 0; j < K / 32; ++j) {
-          const uint8_t* s = row + j * 20;
-          const float d = f16_at(s), m = f16_at(s + 2);
-          for (int e = 0; e < 32; ++e) {
-            const float dq = d * static_cast<float>(e < 16 ? s[4 + e] & 15 : s[4 + e - 16] >> 4);
-            o[j * 32 + e] = dq + m;
           }
         }
       } else {

@@ -27,22 +27,23 @@ inline void start_at(__m256i (&a)[MR][2], const int32_t* xs, int64_t KH, int64_t
   }
 }
 
-// Formats of one 32-block per panel block and one plain scale (Q4_0, Q8_0).
+// Formats of one 32-block per panel block (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1).
 template <class F>
-constexpr bool kPlainBlocks =
-    F::E == 32 && F::HALVES == 1 && !F::kMin && (F::BITS == 4 || F::BITS == 8);
+constexpr bool kOneBlock = F::E == 32 && F::HALVES == 1;
 
-// One row, a format of one 32-block per panel block and one plain scale (Q4_0, Q8_0):
-// panels [p0, p1) with the accumulators in registers and the scales converted where they
-// are read (no decode into a DBlock, no accumulator round trip through memory per block);
-// the same integer dots and the same fp32 steps in the same order as panels_avx2's tiles
-// (acc = fma(float(dot), dx * d, acc) per block), so the same bits.  Each block
-// prefetches the block kPfAhead bytes on (the next panel's, near a panel's end: panels
-// are contiguous).
+// One row of a one-32-block format: panels [p0, p1) with the accumulators in registers
+// and the fp16 scales (and minimums) converted where they are read (no decode into a
+// DBlock, no accumulator round trip through memory per block); the same integer dots
+// (q - offset: the sums start at -offset * the activations' sum) and the same fp32 steps
+// in the same order as panels_avx2's tiles (acc = fma(float(dot), dx * d, acc), then
+// with a minimum acc = fma(sx, m, acc): scale_add / scale_min_add), so the same bits.
+// Each block prefetches the block kPfAhead bytes on (the next panel's, near a panel's
+// end: panels are contiguous).
 template <class F>
-void row1_panels(const GgufPanels& g, const int16_t* xq, const float* dx, const int32_t* xs,
-                 int64_t p0, int64_t p1, const float* bias, float* y, int64_t ldy) {
-  static_assert(kPlainBlocks<F>, "row1_panels: one plain-scaled 32-block per panel block");
+void row1_panels(const GgufPanels& g, const int16_t* xq, const float* dx, const float* sx,
+                 const int32_t* xs, int64_t p0, int64_t p1, const float* bias, float* y,
+                 int64_t ldy) {
+  static_assert(kOneBlock<F>, "row1_panels: one 32-block per panel block");
   constexpr Head kHead = F::BITS == 8 ? Head::I8 : Head::NIB;
   constexpr int64_t kPfAhead = 32 * F::kPanel;
   const int64_t K = g.K, KB = K / 32;
@@ -58,11 +59,17 @@ void row1_panels(const GgufPanels& g, const int16_t* xq, const float* dx, const 
       const int16_t* xr[1] = {xq + j * 32};
       __m256i a[1][2];
       start_at<1>(a, xs, K / 16, 2 * j, 2, F::OFFSET);
-      steps_int<1, 16, kHead>(xr, blk, a);
+      if constexpr (F::BITS == 5) steps_q5<1>(xr, blk, blk + F::Ints::kNib, a);
+      else steps_int<1, 16, kHead>(xr, blk, a);
       const __m128i* h = reinterpret_cast<const __m128i*>(blk + F::kScaleOff);
       const __m256 s = _mm256_set1_ps(dx[j]);
       acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[0][0]), _mm256_mul_ps(s, _mm256_cvtph_ps(_mm_loadu_si128(h))), acc0);
       acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[0][1]), _mm256_mul_ps(s, _mm256_cvtph_ps(_mm_loadu_si128(h + 1))), acc1);
+      if constexpr (F::kMin) {
+        const __m256 t = _mm256_set1_ps(sx[j]);
+        acc0 = _mm256_fmadd_ps(t, _mm256_cvtph_ps(_mm_loadu_si128(h + 2)), acc0);
+        acc1 = _mm256_fmadd_ps(t, _mm256_cvtph_ps(_mm_loadu_si128(h + 3)), acc1);
+      }
     }
     _mm256_store_ps(out, acc0);
     _mm256_store_ps(out + 8, acc1);
@@ -179,8 +186,8 @@ inline void row1_q6k(const GgufPanels& g, const int16_t* xq, const float* dx,
 template <class F>
 bool row1(const GgufPanels& g, const int16_t* xq, const float* dx, const float* sx,
           const int32_t* xs, int64_t p0, int64_t p1, const float* bias, float* y, int64_t ldy) {
-  if constexpr (kPlainBlocks<F>) {
-    row1_panels<F>(g, xq, dx, xs, p0, p1, bias, y, ldy);
+  if constexpr (kOneBlock<F>) {
+    row1_panels<F>(g, xq, dx, sx, xs, p0, p1, bias, y, ldy);
     return true;
   } else if constexpr (F::kType == kQ4_K || F::kType == kQ5_K) {
     row1_kquant<F>(g, xq, dx, sx, p0, p1, bias, y, ldy);
