@@ -185,8 +185,9 @@ GGUF_FMT(FQ4_0, kQ4_0, 32, 18, 4, 8, 1, false)
   }
 };
 
-GGUF_FMT(FQ4_1, kQ4_1, 32, 20, 4, 0, 1, true)
-  static int stored_q(const uint8_t* s, int e) { return e < 16 ? s[4 + e] & 15 : s[4 + e - 16] >> 4; }
+// Q4_1 and Q5_1: fp16 d and m first in the stored block, w = fp32(d * q) + m; packed as
+// d[16] then m[16].
+struct MinScales {
   static void pack_scales(const uint8_t* s, uint8_t* p, int c) {
     std::memcpy(p + 2 * c, s, 2);
     std::memcpy(p + 32 + 2 * c, s + 2, 2);
@@ -194,13 +195,21 @@ GGUF_FMT(FQ4_1, kQ4_1, 32, 20, 4, 0, 1, true)
   static BlockScales scales(const uint8_t* p, int, int c) {
     return {f16_at(p + 2 * c), 0.f, f16_at(p + 32 + 2 * c)};
   }
-  static void dequant(const uint8_t* s, float* out) {
+  template <typename Q>
+  static void dequant(const uint8_t* s, float* out, Q stored_q) {
     const float d = f16_at(s), m = f16_at(s + 2);
     for (int e = 0; e < 32; ++e) {
       const float dq = d * static_cast<float>(stored_q(s, e));  // exact
       out[e] = dq + m;
     }
   }
+};
+
+GGUF_FMT(FQ4_1, kQ4_1, 32, 20, 4, 0, 1, true)
+  static int stored_q(const uint8_t* s, int e) { return e < 16 ? s[4 + e] & 15 : s[4 + e - 16] >> 4; }
+  static void pack_scales(const uint8_t* s, uint8_t* p, int c) { MinScales::pack_scales(s, p, c); }
+  static BlockScales scales(const uint8_t* p, int j, int c) { return MinScales::scales(p, j, c); }
+  static void dequant(const uint8_t* s, float* out) { MinScales::dequant(s, out, stored_q); }
 };
 
 GGUF_FMT(FQ5_0, kQ5_0, 32, 22, 5, 16, 1, false)
@@ -221,20 +230,9 @@ GGUF_FMT(FQ5_1, kQ5_1, 32, 24, 5, 0, 1, true)
     const int lo = e < 16 ? s[8 + e] & 15 : s[8 + e - 16] >> 4;
     return lo | (((u32_at(s + 4) >> e) & 1) << 4);
   }
-  static void pack_scales(const uint8_t* s, uint8_t* p, int c) {
-    std::memcpy(p + 2 * c, s, 2);
-    std::memcpy(p + 32 + 2 * c, s + 2, 2);
-  }
-  static BlockScales scales(const uint8_t* p, int, int c) {
-    return {f16_at(p + 2 * c), 0.f, f16_at(p + 32 + 2 * c)};
-  }
-  static void dequant(const uint8_t* s, float* out) {
-    const float d = f16_at(s), m = f16_at(s + 2);
-    for (int e = 0; e < 32; ++e) {
-      const float dq = d * static_cast<float>(stored_q(s, e));  // exact
-      out[e] = dq + m;
-    }
-  }
+  static void pack_scales(const uint8_t* s, uint8_t* p, int c) { MinScales::pack_scales(s, p, c); }
+  static BlockScales scales(const uint8_t* p, int j, int c) { return MinScales::scales(p, j, c); }
+  static void dequant(const uint8_t* s, float* out) { MinScales::dequant(s, out, stored_q); }
 };
 
 // Q4_K and Q5_K: the same scales; QS / QH: offsets of the nibbles / 5th bits.

@@ -27,6 +27,22 @@ inline void start_at(__m256i (&a)[MR][2], const int32_t* xs, int64_t KH, int64_t
   }
 }
 
+// body(panel, acc0, acc1) for panels [p0, p1) of g (panel_bytes apart), the 16 columns'
+// fp32 sums starting at zero, then stored (+ bias) into the row y.
+template <class Body>
+inline void row1_each_panel(const GgufPanels& g, int64_t panel_bytes, int64_t p0, int64_t p1,
+                            const float* bias, float* y, int64_t ldy, Body&& body) {
+  const uint8_t* base = g.packed.data_ptr<uint8_t>();
+  alignas(32) float out[16];
+  for (int64_t p = p0; p < p1; ++p) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    body(base + p * panel_bytes, acc0, acc1);
+    _mm256_store_ps(out, acc0);
+    _mm256_store_ps(out + 8, acc1);
+    store_tile(out, 1, p * 16, std::min<int64_t>(16, g.N - p * 16), bias, y, ldy);
+  }
+}
+
 // Formats of one 32-block per panel block (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1).
 template <class F>
 constexpr bool kOneBlock = F::E == 32 && F::HALVES == 1;
@@ -47,11 +63,7 @@ void row1_panels(const GgufPanels& g, const int16_t* xq, const float* dx, const 
   constexpr Head kHead = F::BITS == 8 ? Head::I8 : Head::NIB;
   constexpr int64_t kPfAhead = 32 * F::kPanel;
   const int64_t K = g.K, KB = K / 32;
-  const uint8_t* base = g.packed.data_ptr<uint8_t>();
-  alignas(32) float out[16];
-  for (int64_t p = p0; p < p1; ++p) {
-    const uint8_t* panel = base + p * KB * F::kPanel;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  row1_each_panel(g, KB * F::kPanel, p0, p1, bias, y, ldy, [&](const uint8_t* panel, __m256& acc0, __m256& acc1) {
     for (int64_t j = 0; j < KB; ++j) {
       const uint8_t* blk = panel + j * F::kPanel;
       for (int64_t i = 0; i < F::kPanel; i += 64)
@@ -71,11 +83,7 @@ void row1_panels(const GgufPanels& g, const int16_t* xq, const float* dx, const 
         acc1 = _mm256_fmadd_ps(t, _mm256_cvtph_ps(_mm_loadu_si128(h + 3)), acc1);
       }
     }
-    _mm256_store_ps(out, acc0);
-    _mm256_store_ps(out + 8, acc1);
-    const int64_t n0 = p * 16;
-    store_tile(out, 1, n0, std::min<int64_t>(16, g.N - n0), bias, y, ldy);
-  }
+  });
 }
 
 // One row of Q4_K / Q5_K: panels [p0, p1) with the accumulators in registers; per
@@ -90,11 +98,8 @@ void row1_kquant(const GgufPanels& g, const int16_t* xq, const float* dx, const 
   static_assert(F::kType == kQ4_K || F::kType == kQ5_K, "row1_kquant: Q4_K / Q5_K");
   constexpr int64_t kPfAhead = F::kPanel / 8;  // one 32-block's share of a super-block
   const int64_t K = g.K, NSB = K / 256;
-  const uint8_t* base = g.packed.data_ptr<uint8_t>();
-  alignas(32) float d[16], dmin[16], D[8][16], M[8][16], out[16];
-  for (int64_t p = p0; p < p1; ++p) {
-    const uint8_t* panel = base + p * NSB * F::kPanel;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  alignas(32) float d[16], dmin[16], D[8][16], M[8][16];
+  row1_each_panel(g, NSB * F::kPanel, p0, p1, bias, y, ldy, [&](const uint8_t* panel, __m256& acc0, __m256& acc1) {
     for (int64_t sb = 0; sb < NSB; ++sb) {
       const uint8_t* psb = panel + sb * F::kPanel;
       const uint8_t* sp = psb + F::kScaleOff;
@@ -123,11 +128,7 @@ void row1_kquant(const GgufPanels& g, const int16_t* xq, const float* dx, const 
         acc1 = _mm256_fmadd_ps(t, _mm256_load_ps(M[jj] + 8), r1);
       }
     }
-    _mm256_store_ps(out, acc0);
-    _mm256_store_ps(out + 8, acc1);
-    const int64_t n0 = p * 16;
-    store_tile(out, 1, n0, std::min<int64_t>(16, g.N - n0), bias, y, ldy);
-  }
+  });
 }
 
 // One row of Q6_K: panels [p0, p1) with the accumulators in registers; per 256-value
@@ -143,11 +144,8 @@ inline void row1_q6k(const GgufPanels& g, const int16_t* xq, const float* dx,
   using F = FQ6_K;
   constexpr int64_t kPfAhead = F::kPanel / 8;  // one 32-block's share of a super-block
   const int64_t K = g.K, NSB = K / 256, KH = K / 16;
-  const uint8_t* base = g.packed.data_ptr<uint8_t>();
-  alignas(32) float d[16], D[16][16], out[16];
-  for (int64_t p = p0; p < p1; ++p) {
-    const uint8_t* panel = base + p * NSB * F::kPanel;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  alignas(32) float d[16], D[16][16];
+  row1_each_panel(g, NSB * F::kPanel, p0, p1, bias, y, ldy, [&](const uint8_t* panel, __m256& acc0, __m256& acc1) {
     for (int64_t sb = 0; sb < NSB; ++sb) {
       const uint8_t* psb = panel + sb * F::kPanel;
       const uint8_t* sp = psb + F::kScaleOff;
@@ -174,11 +172,7 @@ inline void row1_q6k(const GgufPanels& g, const int16_t* xq, const float* dx,
         acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[1][0][1]), _mm256_mul_ps(s, _mm256_load_ps(D1 + 8)), r1);
       }
     }
-    _mm256_store_ps(out, acc0);
-    _mm256_store_ps(out + 8, acc1);
-    const int64_t n0 = p * 16;
-    store_tile(out, 1, n0, std::min<int64_t>(16, g.N - n0), bias, y, ldy);
-  }
+  });
 }
 
 // Panels [p0, p1) of a one-row step by its format's 1-row loop; false for a format that
