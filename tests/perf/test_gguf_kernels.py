@@ -160,7 +160,7 @@ def test_gguf_rows_bitwise(qtype: int) -> None:
 @pytest.mark.parametrize("qtype", ALL, ids=lambda t: t.name)
 def test_gguf_linear_is_its_arithmetic(qtype: int) -> None:
     """Bitwise the numpy model, the portable kernel, and each row alone, for steps from
-    1 row (one super-block at a time; Q4_0 / Q8_0 / Q4_K / Q5_K / Q6_K: the 1-row loops of
+    1 row (one super-block at a time; every quantized format: the 1-row loops of
     gguf_row1.h) to 13 (whole panels decoded)."""
     from roseinfer.kernels.gguf import make_gguf_linear
 

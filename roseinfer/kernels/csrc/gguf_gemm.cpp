@@ -298,7 +298,7 @@ void run_format(const GgufPanels& g, const int16_t* xq, const float* dx, const f
   at::parallel_for(0, NP, grain, [&](int64_t p0, int64_t p1) {
 #ifdef ROSEINFER_AVX2
     const int32_t* xsp = xs.empty() ? nullptr : xs.data();
-    if (!portable && M == 1 && row1<F>(g, xq, dx, sx, xsp, p0, p1, bias, y, ldy)) return;
+    if (!portable && M == 1) return row1<F>(g, xq, dx, sx, xsp, p0, p1, bias, y, ldy);
     if (!portable) return panels_avx2<F>(g, xq, dx, sx, xsp, M, p0, p1, bias, y, ldy);
 #endif
     panels_scalar<F>(g, xq, dx, sx, M, p0, p1, bias, y, ldy);

@@ -175,22 +175,19 @@ inline void row1_q6k(const GgufPanels& g, const int16_t* xq, const float* dx,
   });
 }
 
-// Panels [p0, p1) of a one-row step by its format's 1-row loop; false for a format that
-// has none (the caller runs its tiles).
+// Panels [p0, p1) of a one-row step by its format's 1-row loop (every GgufPanels format
+// has one).
 template <class F>
-bool row1(const GgufPanels& g, const int16_t* xq, const float* dx, const float* sx,
+void row1(const GgufPanels& g, const int16_t* xq, const float* dx, const float* sx,
           const int32_t* xs, int64_t p0, int64_t p1, const float* bias, float* y, int64_t ldy) {
   if constexpr (kOneBlock<F>) {
     row1_panels<F>(g, xq, dx, sx, xs, p0, p1, bias, y, ldy);
-    return true;
   } else if constexpr (F::kType == kQ4_K || F::kType == kQ5_K) {
     row1_kquant<F>(g, xq, dx, sx, p0, p1, bias, y, ldy);
-    return true;
-  } else if constexpr (F::kType == kQ6_K) {
+  } else {
+    static_assert(F::kType == kQ6_K, "row1: a format without a 1-row loop");
     row1_q6k(g, xq, dx, xs, p0, p1, bias, y, ldy);
-    return true;
   }
-  return false;
 }
 
 #endif  // ROSEINFER_AVX2
