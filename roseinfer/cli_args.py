@@ -21,12 +21,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     g.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
     g.add_argument("--quantization", default="auto",
-                   choices=["auto", "none", "fp16", "fp16+bf16", "int8", "q8_0"],
+                   choices=["auto", "none", "fp16", "fp16+bf16", "int8", "q8_0", "q4_0"],
                    help="weight format: none (exact fp32), fp16 (fp16 weights, fp32 math), "
                         "int8 (int8 weights with a scale per 32, fp32 math), fp16+bf16 "
                         "(plus bf16 GEMMs for 32+ rows: not batch-invariant); "
                         "q8_0 (int8, and a GGUF's F16/BF16 matrices requantized to Q8_0 at "
                         "load: the old speed, 1.06 bytes per weight instead of 2); "
+                        "q4_0 (int8, and float weights but the LM head quantized to GGUF "
+                        "Q4_0 at load: 0.56 bytes per weight); "
                         "auto = int8 on CPU, none elsewhere")
     g.add_argument("--kv-cache-dtype", default="auto",
                    choices=["auto", "float32", "bfloat16", "float16", "int8"],

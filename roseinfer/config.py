@@ -11,7 +11,7 @@ from roseinfer.speculative_config import SpeculativeConfig
 
 _DTYPES = ("float32", "bfloat16", "float16")
 _KV_DTYPES = (*_DTYPES, "int8")
-_QUANTIZATIONS = ("auto", "none", "fp16", "fp16+bf16", "int8", "q8_0")
+_QUANTIZATIONS = ("auto", "none", "fp16", "fp16+bf16", "int8", "q8_0", "q4_0")
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,10 @@ class EngineConfig:
     #     fp16-exact elsewhere - and "none" on other devices;
     #   "q8_0": "int8", except that F16 / BF16 matrices of a GGUF are requantized to Q8_0
     #     at load (logged) instead of kept as stored: 1.06 bytes per weight instead of 2,
-    #     the speed of the path before issue #24 (docs/performance.md).
+    #     the speed of the path before issue #24 (docs/performance.md);
+    #   "q4_0": "int8", except that float weights (an HF or .pt checkpoint's, a GGUF's
+    #     F32 / F16 / BF16 matrices) but the LM head are quantized to GGUF Q4_0 at load
+    #     (0.56 bytes per weight; llama.cpp's quantizer, bit for bit; lossy: docs/performance.md).
     quantization: str | None = "auto"
     # KV cache element type: "auto" (the default) = float16 when the weights are fp16 on
     # CPU (half the attention bytes; llama.cpp's default too), else the model dtype; or
@@ -152,6 +155,9 @@ class EngineConfig:
         size = self.tensor_parallel_size
         if not isinstance(size, int) or isinstance(size, bool) or size < 1:
             raise ValueError(f"EngineConfig.tensor_parallel_size must be an int >= 1, got {size!r}")
+        if self.quantization == "q4_0" and size > 1:
+            raise ValueError("EngineConfig.quantization 'q4_0' is not supported with "
+                             "tensor_parallel_size > 1")
         method = self.distributed_init_method
         if method is not None:
             parse_init_method(method)  # ValueError naming the field
@@ -192,8 +198,9 @@ class EngineConfig:
         return self.quantization
 
     def requantize_16bit_gguf(self) -> bool:
-        """F16 / BF16 GGUF matrices are requantized to Q8_0 at load ("q8_0")."""
-        return self.quantization == "q8_0"
+        """F16 / BF16 GGUF matrices are requantized at load: to Q8_0 ("q8_0"), or to
+        Q4_0 but the LM head ("q4_0")."""
+        return self.quantization in ("q8_0", "q4_0")
 
     def resolved_kv_cache_dtype(self, device_type: str) -> str:
         """The KV cache element type actually used on a device of this type."""

@@ -58,8 +58,10 @@ def estimated_weight_bytes(config: ModelConfig, quantization: str) -> int:
     h, kv = config.hidden_size, config.num_kv_heads * config.head_dim
     q = config.num_heads * config.head_dim
     per_layer = h * q + 2 * h * kv + q * h + 3 * h * config.intermediate_size
-    weights = config.num_layers * per_layer + config.vocab_size * h
-    return int(weights * _BYTES_PER_WEIGHT.get(quantization, 4.0))
+    decoder, head = config.num_layers * per_layer, config.vocab_size * h
+    if quantization == "q4_0":  # decoder Q4_0, LM head int8
+        return int(decoder * 18 / 32 + head * _BYTES_PER_WEIGHT["int8"])
+    return int((decoder + head) * _BYTES_PER_WEIGHT.get(quantization, 4.0))
 
 
 def weight_bytes_per_step(model_path: Path, config: ModelConfig, quantization: str) -> int:

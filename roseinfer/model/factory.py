@@ -107,7 +107,7 @@ def _linear_storage(ckpt: Checkpoint, dtype: torch.dtype, device: torch.device,
     """A bf16 / fp16 checkpoint converted to int8 on CPU keeps its linear weights in their
     dtype until each layer is converted (no fp32 copy of the model): (the checkpoint, with
     its first tensor peeked, and that dtype), else (it, None)."""
-    if (quantization != "int8" or dtype != torch.float32 or device.type != "cpu"
+    if (quantization not in ("int8", "q4_0") or dtype != torch.float32 or device.type != "cpu"
             or ckpt.source.suffix.lower() == ".gguf"):  # GGUF: dequantized values are fp32
         return ckpt, None
     weights = iter(ckpt.weights)
@@ -128,7 +128,7 @@ def _cache_entry(ckpt: Checkpoint, dtype: torch.dtype, device: torch.device,
     if device.type != "cpu" or not cache_enabled(option):
         return None
     int8_layers = False
-    if quantization == "int8" and dtype == torch.float32:
+    if quantization in ("int8", "q4_0") and dtype == torch.float32:
         from roseinfer.kernels import cpu_kernels_available
 
         int8_layers = cpu_kernels_available()

@@ -83,8 +83,8 @@ def stream_gguf(source: Path, dtype: torch.dtype, device: torch.device,
                 quantization: str, requantize_16bit: bool = False
                 ) -> tuple[nn.Module, ModelConfig, Path] | None:
     """(model, config, source) loaded by ``load_gguf_streamed`` when it serves this load:
-    a Llama-family GGUF file, on CPU, float32 activations, the ``int8`` format and the
-    GGUF kernels loaded; else None (the caller loads it the dequantizing way).  A
+    a Llama-family GGUF file, on CPU, float32 activations, the ``int8`` (or ``q4_0``)
+    format and the GGUF kernels loaded; else None (the caller loads it the dequantizing way).  A
     directory holding one .gguf and no other checkpoint file stands for that file."""
     if source.is_dir():
         ggufs = sorted(source.glob("*.gguf"))
@@ -94,13 +94,14 @@ def stream_gguf(source: Path, dtype: torch.dtype, device: torch.device,
             return None
         source = ggufs[0]
     if (source.suffix.lower() != ".gguf" or not source.is_file() or device.type != "cpu"
-            or dtype != torch.float32 or quantization != "int8" or not gguf_kernels_loaded()):
+            or dtype != torch.float32 or quantization not in ("int8", "q4_0")
+            or not gguf_kernels_loaded()):
         return None
     gf = GGUFFile(source)
     config = gguf_model_config(gf)
     if not issubclass(get_model_class(config.architecture), LlamaForCausalLM):
         return None
-    return load_gguf_streamed(gf, config, requantize_16bit), config, source
+    return load_gguf_streamed(gf, config, requantize_16bit, quantization), config, source
 
 
 @dataclass
@@ -206,7 +207,8 @@ def _converted(infos: list[GGUFTensorInfo], requantize_16bit: bool) -> bool:
 
 
 def _build_linear(gf: GGUFFile, raw: _RawFile, layer: _Layer, path: str, head: bool,
-                  config: ModelConfig, extra_copy: bool, requantize_16bit: bool) -> Fp16Linear:
+                  config: ModelConfig, extra_copy: bool, requantize_16bit: bool,
+                  quantization: str) -> Fp16Linear:
     from roseinfer.kernels.gguf import make_gguf_linear
 
     arch = gf.architecture
@@ -221,7 +223,7 @@ def _build_linear(gf: GGUFFile, raw: _RawFile, layer: _Layer, path: str, head: b
         if len({p.dtype for p in pieces}) > 1:  # mixed float types: widened alike
             pieces = [p.float() for p in pieces]
         weight = torch.cat(pieces)
-        module, _ = convert_linear(weight, bias, linear_format("int8"), head=head,
+        module, _ = convert_linear(weight, bias, linear_format(quantization), head=head,
                                    act8=act8_layer(path))
         return module
     parts = [(int(i.qtype), _raw_part(raw, i, arch, layer.parts[o], config))
@@ -238,10 +240,12 @@ def _embedding(gf: GGUFFile, raw: _RawFile, info: GGUFTensorInfo, config: ModelC
 
 
 @torch.no_grad()
-def load_gguf_streamed(gf: GGUFFile, config: ModelConfig, requantize_16bit: bool = False
-                       ) -> nn.Module:
+def load_gguf_streamed(gf: GGUFFile, config: ModelConfig, requantize_16bit: bool = False,
+                       quantization: str = "int8") -> nn.Module:
     """``gf``'s model (``config``: its), the weights as stored, in ``int8`` format;
-    ``requantize_16bit``: F16 / BF16 matrices requantized to Q8_0 instead."""
+    ``requantize_16bit``: F16 / BF16 matrices requantized to Q8_0 instead.  ``q4_0``:
+    the same, float matrices (F32 ones too) but the LM head's to Q4_0
+    (``kernels/q4_0.py``)."""
     from roseinfer.kernels.gguf import gguf_kernel_types
 
     path = gf.path
@@ -262,14 +266,16 @@ def load_gguf_streamed(gf: GGUFFile, config: ModelConfig, requantize_16bit: bool
                    if requantize_16bit and _converted(list(layer.weights.values()), True)
                    and not _converted(list(layer.weights.values()), False)]
     if requantized:
-        logger.info("%s: %d F16/BF16 linear layers requantized to Q8_0 at load, as asked "
-                    "(quantization q8_0)", path.name, len(requantized))
+        target = "Q4_0 (the LM head Q8_0)" if quantization == "q4_0" else "Q8_0"
+        logger.info("%s: %d F16/BF16 linear layers requantized to %s at load, as asked "
+                    "(quantization %s)", path.name, len(requantized), target,
+                    "q4_0" if quantization == "q4_0" else "q8_0")
     from roseinfer.model.progress import progress
 
     for lpath in progress(linear_paths(model), f"loading {path.name}", len(layers), unit="layer"):
         layer = layers[lpath]
         set_module(model, lpath, _build_linear(gf, raw, layer, lpath, lpath == "lm_head", config,
-                                               extra_copy, requantize_16bit))
+                                               extra_copy, requantize_16bit, quantization))
         for info in layer.weights.values():  # the kernel holds its own copy now
             raw.release(info)  # (the embedding's rows are read again as steps need them)
     model.model.embed_tokens = _embedding(gf, raw, embd, config)
@@ -289,7 +295,7 @@ def load_gguf_streamed(gf: GGUFFile, config: ModelConfig, requantize_16bit: bool
     if never:
         raise ValueError(f"{path}: parameters never loaded from the GGUF: {never[:4]}")
     model.requires_grad_(False)
-    mark_quantized(model, "int8")
+    mark_quantized(model, quantization)
     logger.info("%s: weights kept as stored (%s), extra Q4_1 int8 copies: %s", path.name,
                 ", ".join(sorted({i.qtype.name for i in gf.tensors.values()})), extra_copy)
     return model.eval()

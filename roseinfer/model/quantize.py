@@ -34,6 +34,11 @@ never depends on how many rows share the call (batch invariance, docs/CONTRACTS.
 1.1 bytes per weight per decode step (Q4_1: 0.625); the fp16 / fp32 copies are dropped.  Where the
 kernels are unavailable it falls back to "fp16".
 
+``"q4_0"`` (opt-in) is ``"int8"`` with every float weight but the LM head's quantized to
+GGUF Q4_0 instead (``kernels/q4_0.py``: llama.cpp's quantizer, bit for bit; 0.56 bytes
+per weight) and run by the GGUF Q4_0 kernel (``kernels.gguf.make_gguf_linear``), int8
+activations in front of gate/up as a stored Q4_0 part; lossy (docs/performance.md).
+
 Embeddings and norms stay in the model dtype.  ``"none"`` leaves the model as is.
 int16 activations cost nothing measurable in quality (top-1 agreement 98.58% either
 way, tests/model/test_quantize.py); 8-bit ones do: fbgemm's dynamic int8 (one
@@ -58,7 +63,7 @@ from torch import Tensor, nn
 # Layers whose Q4_1 weights meet int8 activations (``act8_layer``).
 ACT8_LAYERS = frozenset({"gate_up_proj"})
 
-QUANTIZATIONS = ("none", "fp16", "fp16+bf16", "int8")
+QUANTIZATIONS = ("none", "fp16", "fp16+bf16", "int8", "q4_0")
 # Weight dtypes the int8 conversion takes (a 16-bit checkpoint's linears stay 16-bit
 # until converted: factory.load_model).
 _INT8_SOURCES = (torch.float32, torch.bfloat16, torch.float16)
@@ -169,6 +174,7 @@ class LinearFormat:
     bf16_min_rows: int  # > 0: fp16+bf16
     int8: bool
     kernels: bool  # the C++ kernels are loaded (int8 weights need them)
+    q4_0: bool = False  # "q4_0": float weights but the LM head's to Q4_0 (kernels/q4_0.py)
 
 
 def linear_format(quantization: str) -> LinearFormat:
@@ -177,7 +183,8 @@ def linear_format(quantization: str) -> LinearFormat:
         raise ValueError(f"unsupported quantization {quantization!r}; supported: {QUANTIZATIONS}")
     return LinearFormat(use_fbgemm=fbgemm_fp16_available(),
                         bf16_min_rows=BF16_MIN_ROWS if quantization == "fp16+bf16" else 0,
-                        int8=quantization == "int8", kernels=_kernels())
+                        int8=quantization in ("int8", "q4_0"), kernels=_kernels(),
+                        q4_0=quantization == "q4_0")
 
 
 def act8_layer(path: str) -> bool:
@@ -195,8 +202,10 @@ def convert_linear(weight: Tensor, bias: Tensor | None, fmt: LinearFormat, head:
                    act8: bool = False) -> tuple[Fp16Linear, dict[str, Tensor]]:
     """One layer in format ``fmt`` plus the record it can be rebuilt from bitwise
     (``rebuild_linear``): int8 weights as ``{"qweight", "scales"}``, a Q4_1 GGUF's
-    weights as ``{"q4weight", "q4scales", "q4mins"}`` (``kernels.q4_1``), anything else
-    as ``{"weight"}`` (the original weight); plus ``"bias"`` when there is one.
+    weights as ``{"q4weight", "q4scales", "q4mins"}`` (``kernels.q4_1``), ``"q4_0"``'s
+    as ``{"q4_0"}`` (its GGUF Q4_0 blocks, ``kernels.q4_0``: all but the LM head, which is
+    int8), anything else as ``{"weight"}`` (the original weight); plus ``"bias"`` when
+    there is one.
     ``head``: the LM head (never bf16, see the module docstring); ``act8``: Q4_1 weights
     meet int8 activations (``act8_layer``)."""
     record = {} if bias is None else {"bias": bias.detach()}
@@ -207,6 +216,11 @@ def convert_linear(weight: Tensor, bias: Tensor | None, fmt: LinearFormat, head:
 
         # A 16-bit weight (safetensors kept in its dtype) is widened one layer at a time.
         w = weight.detach().float().contiguous()
+        if fmt.q4_0 and not head:
+            from roseinfer.kernels.q4_0 import quantize_q4_0
+
+            record["q4_0"] = quantize_q4_0(w)
+            return rebuild_linear(record, fmt, head, act8), record
         # as make_linear(int8=True): Q4_1 kept exactly (only fp32 can be), else Q8_0
         q4 = recover_q4_1(w) if weight.dtype == torch.float32 else None
         if q4 is not None:
@@ -225,6 +239,16 @@ def rebuild_linear(record: dict[str, Tensor], fmt: LinearFormat, head: bool = Fa
     """The layer ``convert_linear`` built, from its record (e.g. read back from the
     weight cache)."""
     bias = record.get("bias")
+    if "q4_0" in record:
+        if not fmt.kernels:
+            raise ValueError("Q4_0 weights need the C++ kernels, which are not loaded")
+        from roseinfer.kernels.gguf import make_gguf_linear
+        from roseinfer.kernels.q4_0 import BLOCK, Q4_0_BLOCK_BYTES, Q4_0_TYPE
+
+        raw = record["q4_0"]
+        kernel = make_gguf_linear([(Q4_0_TYPE, raw)], bias, act8=act8)
+        in_features = int(raw.shape[1]) // Q4_0_BLOCK_BYTES * BLOCK
+        return Fp16Linear.from_kernel(kernel, int(raw.shape[0]), in_features, bias)
     if "qweight" in record or "q4weight" in record:
         if not fmt.kernels:
             raise ValueError("int8 / Q4_1 weights need the C++ kernels, which are not loaded")
