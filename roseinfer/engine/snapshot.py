@@ -74,6 +74,8 @@ class EngineSnapshot:
     max_num_batched_tokens: int
     max_model_len: int
     prefix_caching: bool
+    kv_cache_dtype: str  # the KV pool's element type ("float16", "int8", ...)
+    quantization: str  # the weight format ("int8", "q4_0", "none", ...)
     # queues
     num_running: int
     num_waiting: int  # includes the preempted ones
@@ -245,6 +247,8 @@ def take_snapshot(engine: LLMEngine, live: LiveCounters, now: float) -> EngineSn
         max_num_batched_tokens=scheduler.max_num_batched_tokens,
         max_model_len=scheduler.max_model_len,
         prefix_caching=bm.enable_prefix_caching,
+        kv_cache_dtype=str(engine.kv_dtype).removeprefix("torch."),
+        quantization=engine.quantization,
         num_running=len(running),
         num_waiting=len(waiting),
         num_preempted=sum(1 for r in waiting if r.status is RequestStatus.PREEMPTED),

@@ -36,9 +36,12 @@ def check_shape(s: dict[str, Any]) -> None:
     assert isinstance(s["healthy"], bool) and isinstance(s["age_s"], NUM) and s["age_s"] >= 0
     limits = s["limits"]
     assert set(limits) == {"block_size", "max_num_seqs", "max_num_batched_tokens",
-                           "max_model_len", "prefix_caching"}
+                           "max_model_len", "prefix_caching", "kv_cache_dtype", "quantization"}
+    named = ("prefix_caching", "kv_cache_dtype", "quantization")
     assert all(isinstance(limits[k], int) and limits[k] > 0 for k in limits
-               if k != "prefix_caching") and isinstance(limits["prefix_caching"], bool)
+               if k not in named) and isinstance(limits["prefix_caching"], bool)
+    assert limits["kv_cache_dtype"] in ("float32", "bfloat16", "float16", "int8")
+    assert limits["quantization"] in ("none", "fp16", "fp16+bf16", "int8", "q4_0")
     req = s["requests"]
     assert set(req) == {"running", "waiting", "preempted", "finished"}
     assert all(isinstance(req[k], int) and req[k] >= 0 for k in ("running", "waiting",

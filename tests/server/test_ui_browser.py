@@ -178,7 +178,9 @@ def test_stop_aborts_the_request_and_frees_its_blocks(ui_server, ctx) -> None:  
                            "document.querySelector('#stat-kv').textContent === '0.0%'")
     dash.wait_for_selector("#req-empty", state="visible")
     assert dash.locator("#req-body tr").count() == 0
-    assert dash.inner_text("#kv-summary").startswith("0 in use")
+    summary = dash.inner_text("#kv-summary")
+    kv_dtype = str(ts.engine.kv_dtype).removeprefix("torch.")
+    assert summary.startswith("0 in use") and summary.endswith(f"tokens, {kv_dtype}"), summary
     bm = ts.engine.block_manager
     assert wait_until(lambda: ts.async_engine.stats().num_free_blocks == bm.num_blocks, 5)
     assert ts.async_engine.stats().finished.get("abort", 0) == aborted + 1

@@ -31,6 +31,8 @@ def snapshot_json(snap: EngineSnapshot, *, now: float, model: str,
             "max_num_batched_tokens": snap.max_num_batched_tokens,
             "max_model_len": snap.max_model_len,
             "prefix_caching": snap.prefix_caching,
+            "kv_cache_dtype": snap.kv_cache_dtype,
+            "quantization": snap.quantization,
         },
         "requests": {
             "running": snap.num_running,

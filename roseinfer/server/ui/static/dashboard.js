@@ -65,7 +65,8 @@ export class DashboardView {
       this.el(id).textContent = text;
     };
     const health = s.healthy ? "live" : "engine NOT healthy";
-    this.status(`${health} · ${s.model} · updated ${new Date().toLocaleTimeString()}`);
+    this.status(`${health} · ${s.model} (weights ${s.limits.quantization}) · ` +
+      `updated ${new Date().toLocaleTimeString()}`);
     set("stat-running", s.requests.running);
     set("stat-waiting", s.requests.waiting);
     set("stat-preempted", s.requests.preempted);
@@ -78,7 +79,7 @@ export class DashboardView {
     const kv = s.kv;
     const perCell = kv.blocks_per_cell > 1 ? ` (one square = ${kv.blocks_per_cell} blocks)` : "";
     const summary = `${kv.used} in use · ${kv.cached} cached · ${kv.free} free of ${kv.total} ` +
-      `blocks × ${s.limits.block_size} tokens${perCell}`;
+      `blocks × ${s.limits.block_size} tokens, ${s.limits.kv_cache_dtype}${perCell}`;
     set("kv-summary", summary);
     const map = this.el("kv-map");
     map.setAttribute("aria-label", `KV block map: ${summary}`);
