@@ -130,6 +130,11 @@ def _pack(q: torch.Tensor, pack: Callable[[], None]) -> None:
             torch.set_num_threads(threads)
 
 
+# Values quantized at a time (rows of a weight): the fp32 temporaries of a conversion stay
+# ~64 MB each, whatever the matrix (a vocabulary-sized LM head would need GBs at once).
+QUANTIZE_CHUNK_VALUES = 16 << 20
+
+
 def quantize_int8_blocks(weight: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int8 per block of ``block`` weights along a row: weight [N, K] ->
     (q int8 [N, K], scales float32 [N, K / block]), weight ~= q * scale per block.
@@ -137,7 +142,13 @@ def quantize_int8_blocks(weight: torch.Tensor, block: int = 32) -> tuple[torch.T
     ``Q8Gemm`` (csrc/q8_gemm.h) multiplies each 32-block's exact integer dot product by
     this scale times the activation block's."""
     n, k = weight.shape
-    groups = weight.float().reshape(n, k // block, block)
-    scales = (groups.abs().amax(-1) / 127.0).clamp(min=1e-30)  # [N, K / block]
-    q = torch.round(groups / scales.unsqueeze(-1)).clamp_(-127, 127).to(torch.int8)
-    return q.reshape(n, k).contiguous(), scales.float().contiguous()
+    q = torch.empty(n, k, dtype=torch.int8, device=weight.device)
+    scales = torch.empty(n, k // block, dtype=torch.float32, device=weight.device)
+    step = max(1, QUANTIZE_CHUNK_VALUES // max(1, k))  # rows at a time: bounded temporaries
+    for r in range(0, n, step):
+        groups = weight[r:r + step].float().reshape(-1, k // block, block)
+        s = (groups.abs().amax(-1) / 127.0).clamp(min=1e-30)  # [rows, K / block]
+        q[r:r + step] = torch.round(groups / s.unsqueeze(-1)).clamp_(-127, 127).to(
+            torch.int8).reshape(-1, k)
+        scales[r:r + step] = s
+    return q, scales

@@ -19,6 +19,7 @@ from torch import Tensor
 BLOCK = 32
 Q4_0_TYPE = 2  # GGMLQuantizationType.Q4_0
 Q4_0_BLOCK_BYTES = 18
+CHUNK_VALUES = 16 << 20  # weights quantized at a time: ~64 MB fp32 temporaries each
 
 
 def quantize_q4_0(weight: Tensor) -> Tensor:
@@ -27,11 +28,15 @@ def quantize_q4_0(weight: Tensor) -> Tensor:
         raise ValueError(f"Q4_0 needs a 2-D weight with rows of whole 32-blocks, got "
                          f"{tuple(weight.shape)}")
     n, k = weight.shape
-    blocks = weight.detach().float().reshape(n, k // BLOCK, BLOCK)
-    first_max = blocks.abs().argmax(dim=-1, keepdim=True)  # the first of equal magnitudes
-    d = blocks.gather(-1, first_max) / -8
-    inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
-    q = torch.trunc(blocks * inv + 8.5).clamp_(0, 15).to(torch.uint8)
-    packed = q[..., :BLOCK // 2] | (q[..., BLOCK // 2:] << 4)
-    scale = d.to(torch.float16).view(torch.uint8)  # [n, k / 32, 2], little-endian fp16
-    return torch.cat([scale, packed], dim=-1).reshape(n, k // BLOCK * Q4_0_BLOCK_BYTES)
+    out = torch.empty(n, k // BLOCK * Q4_0_BLOCK_BYTES, dtype=torch.uint8)
+    step = max(1, CHUNK_VALUES // k)  # rows at a time: bounded fp32 temporaries
+    for r in range(0, n, step):
+        blocks = weight[r:r + step].detach().float().reshape(-1, k // BLOCK, BLOCK)
+        first_max = blocks.abs().argmax(dim=-1, keepdim=True)  # the first of equal magnitudes
+        d = blocks.gather(-1, first_max) / -8
+        inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
+        q = torch.trunc(blocks * inv + 8.5).clamp_(0, 15).to(torch.uint8)
+        packed = q[..., :BLOCK // 2] | (q[..., BLOCK // 2:] << 4)
+        scale = d.to(torch.float16).view(torch.uint8)  # [rows, k / 32, 2], little-endian fp16
+        out[r:r + step] = torch.cat([scale, packed], dim=-1).reshape(-1, out.shape[1])
+    return out

@@ -151,3 +151,20 @@ def test_engine_option() -> None:
     assert config.resolved_quantization("cpu") == "q4_0" and config.requantize_16bit_gguf()
     with pytest.raises(ValueError, match="q4_0"):
         EngineConfig(quantization="q4_0", tensor_parallel_size=2)
+
+
+def test_conversions_in_row_chunks_equal_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Q4_0 and int8 conversions quantize a few rows at a time (bounded temporaries): the
+    same bytes as one pass over the matrix, whatever the chunk."""
+    import roseinfer.kernels as kernels
+    import roseinfer.kernels.q4_0 as q4_0
+
+    w = torch.randn(37, 96, generator=torch.Generator().manual_seed(1))
+    whole_q4 = gguf_q4_0(w)
+    whole_q8 = kernels.quantize_int8_blocks(w)
+    for values in (96, 5 * 96, 1000):  # one row, 5 rows, 10 rows a chunk
+        monkeypatch.setattr(q4_0, "CHUNK_VALUES", values)
+        monkeypatch.setattr(kernels, "QUANTIZE_CHUNK_VALUES", values)
+        assert np.array_equal(quantize_q4_0(w).numpy(), whole_q4)
+        q, s = kernels.quantize_int8_blocks(w)
+        assert torch.equal(q, whole_q8[0]) and torch.equal(s, whole_q8[1])
