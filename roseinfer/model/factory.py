@@ -30,7 +30,7 @@ from roseinfer.model.config import ModelConfig
 from roseinfer.model.half_embedding import keep_embeddings_in
 from roseinfer.model.loader import Checkpoint, load_checkpoint, resolve_model_path
 from roseinfer.model.progress import note, progress, step
-from roseinfer.model.quantize import quantize_model
+from roseinfer.model.quantize import converter_as_loaded, quantize_model
 from roseinfer.model.registry import create_meta_model, create_model, materialize, reset_buffers
 from roseinfer.model.weight_cache import WeightCache
 from roseinfer.model.weight_state import model_from_state, model_state
@@ -71,7 +71,9 @@ def load_model(
              f"(kept in {cache.directory} for the next starts)")
     records: dict[str, dict[str, Tensor]] = {}
     ckpt, linear_dtype = _linear_storage(ckpt, dtype, device, quantization)
-    net = _load(ckpt, dtype, device, linear_dtype)
+    kept = records if cache is not None else None
+    net = _load(ckpt, dtype, device, linear_dtype,
+                None if quantization == "none" else (quantization, kept))
     if quantization != "none":
         quantize_model(net, quantization, records if cache is not None else None,
                        track=lambda paths: progress(paths, f"converting to {quantization}",
@@ -83,10 +85,13 @@ def load_model(
 
 
 def _load(ckpt: Checkpoint, dtype: torch.dtype, device: torch.device,
-          linear_dtype: torch.dtype | None = None) -> nn.Module:
+          linear_dtype: torch.dtype | None = None,
+          convert: tuple[str, dict[str, dict[str, Tensor]] | None] | None = None) -> nn.Module:
     """The model as loaded; ``linear_dtype``: its linear weights stored in that dtype
-    (a 16-bit checkpoint's, until ``quantize_model`` converts them layer by layer), and
-    its embeddings too (``HalfEmbedding``: rows widened per step)."""
+    (a 16-bit checkpoint's, until each layer is converted), and its embeddings too
+    (``HalfEmbedding``: rows widened per step).  ``convert``: (quantization, records):
+    each linear layer converted as soon as it is loaded (``quantize.converter_as_loaded``;
+    the caller's ``quantize_model`` converts the rest)."""
     if linear_dtype is None:
         net = create_model(ckpt.config, dtype, device)
     else:
@@ -98,7 +103,11 @@ def _load(ckpt: Checkpoint, dtype: torch.dtype, device: torch.device,
         materialize(net, device)
         reset_buffers(net)
         net.requires_grad_(False)
-    net.load_weights(progress(ckpt.weights, f"loading {ckpt.source.name}", ckpt.num_tensors))
+    weights = progress(ckpt.weights, f"loading {ckpt.source.name}", ckpt.num_tensors)
+    if convert is None:
+        net.load_weights(weights)
+    else:
+        net.load_weights(weights, converter_as_loaded(net, *convert))
     return net.eval()
 
 

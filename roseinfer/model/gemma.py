@@ -26,7 +26,7 @@ checkpoints (Gemma 3 4B+) load their language model; vision tensors are skipped.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -116,9 +116,10 @@ class Gemma3ForCausalLM(GemmaForCausalLM):
 class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
     """The language model of a Gemma 3 4B+ (image-text) checkpoint; vision is skipped."""
 
-    def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, Tensor]],
+                     on_module_loaded: Callable[[str], bool] | None = None) -> None:
         """Load the ``language_model`` tensors (either transformers layout)."""
-        super().load_weights(_language_model(weights))
+        super().load_weights(_language_model(weights), on_module_loaded)
 
 
 def _language_model(weights: Iterable[tuple[str, Tensor]]) -> Iterator[tuple[str, Tensor]]:

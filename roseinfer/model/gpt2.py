@@ -11,7 +11,7 @@ no per-layer-index scaling).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -130,9 +130,11 @@ class GPT2LMHeadModel(nn.Module):
         """The embedding matrix [vocab, hidden] a tied LM head reads."""
         return self.transformer.wte.weight
 
-    def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
-        """Load Hugging Face GPT-2 tensors (with or without the ``transformer.`` prefix)."""
-        tracker = WeightLoadTracker(self)
+    def load_weights(self, weights: Iterable[tuple[str, Tensor]],
+                     on_module_loaded: Callable[[str], bool] | None = None) -> None:
+        """Load Hugging Face GPT-2 tensors (with or without the ``transformer.`` prefix;
+        ``on_module_loaded``: ``WeightLoadTracker``'s)."""
+        tracker = WeightLoadTracker(self, on_module_loaded=on_module_loaded)
         for hf_name, tensor in weights:
             if _IGNORED.search(hf_name):
                 continue

@@ -183,14 +183,23 @@ class WeightLoadTracker:
     A parameter may be filled whole (shard ``""``) or in named row slices (fused
     ``qkv_proj`` / ``gate_up_proj``); ``finish`` raises naming every parameter (or
     shard) that was never loaded and every checkpoint name that matched nothing.
+    ``on_module_loaded(path)``, when given, is called as soon as every parameter of the
+    module at ``path`` is filled; when it returns True (it took the module, e.g. converted
+    it to another format) the tracker drops its references to those parameters, so their
+    memory can go before the rest of the checkpoint is read.
     """
 
-    def __init__(self, model: nn.Module, shards: dict[str, set[str]] | None = None) -> None:
+    def __init__(self, model: nn.Module, shards: dict[str, set[str]] | None = None,
+                 on_module_loaded: Callable[[str], bool] | None = None) -> None:
         self.params: dict[str, nn.Parameter] = dict(model.named_parameters())
         shards = shards or {}
         self.expected: dict[str, set[str]] = {n: shards.get(n, {""}) for n in self.params}
         self.loaded: dict[str, set[str]] = {n: set() for n in self.params}
         self.unknown: list[str] = []
+        self.on_module_loaded = on_module_loaded
+        self.module_params: dict[str, list[str]] = {}
+        for name in self.params:
+            self.module_params.setdefault(name.rpartition(".")[0], []).append(name)
 
     def has(self, name: str) -> bool:
         return name in self.params
@@ -218,6 +227,13 @@ class WeightLoadTracker:
             )
         target.copy_(tensor.to(device=target.device, dtype=target.dtype))
         self.loaded[name].add(shard)
+        if self.on_module_loaded is not None:
+            module = name.rpartition(".")[0]
+            names = self.module_params[module]
+            if (all(self.loaded[n] == self.expected[n] for n in names)
+                    and self.on_module_loaded(module)):
+                for n in names:
+                    del self.params[n]
 
     def finish(self) -> None:
         """Raise ValueError on unknown checkpoint names or never-loaded parameters."""

@@ -21,7 +21,7 @@ everything else runs the layers below, with the C++ row ops where they apply.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -203,8 +203,10 @@ class LlamaForCausalLM(nn.Module):
         """The embedding matrix [vocab, hidden] a tied LM head reads."""
         return self.model.embed_tokens.weight
 
-    def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
-        """Load Hugging Face-named tensors, fusing q/k/v and gate/up."""
+    def load_weights(self, weights: Iterable[tuple[str, Tensor]],
+                     on_module_loaded: Callable[[str], bool] | None = None) -> None:
+        """Load Hugging Face-named tensors, fusing q/k/v and gate/up
+        (``on_module_loaded``: ``WeightLoadTracker``'s)."""
         cfg = self.config
         q, kv, inter = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
         fused: dict[str, tuple[str, str, tuple[int, int]]] = {
@@ -220,7 +222,7 @@ class LlamaForCausalLM(nn.Module):
                 shards[name] = {"q", "k", "v"}
             elif ".gate_up_proj." in name:
                 shards[name] = {"gate", "up"}
-        tracker = WeightLoadTracker(self, shards)
+        tracker = WeightLoadTracker(self, shards, on_module_loaded)
         for hf_name, tensor in weights:
             if hf_name.endswith("rotary_emb.inv_freq"):
                 continue

@@ -12,7 +12,7 @@ Differences from Llama, all but the first config-driven:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from torch import Tensor
 
@@ -22,9 +22,10 @@ from roseinfer.model.llama import LlamaForCausalLM
 class Phi3ForCausalLM(LlamaForCausalLM):
     """Phi-3 family causal LM (fused ``qkv_proj`` / ``gate_up_proj`` checkpoints)."""
 
-    def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, Tensor]],
+                     on_module_loaded: Callable[[str], bool] | None = None) -> None:
         """Load Hugging Face Phi-3 tensors (fused or, as other loaders give, split)."""
-        super().load_weights(self._split_fused(weights))
+        super().load_weights(self._split_fused(weights), on_module_loaded)
 
     def _split_fused(self, weights: Iterable[tuple[str, Tensor]]) -> Iterator[tuple[str, Tensor]]:
         """Fused checkpoint tensors as the q/k/v and gate/up pieces the loader fuses."""

@@ -302,23 +302,50 @@ def quantize_model(model: nn.Module, quantization: str | None,
     if quantization in (None, "none") or getattr(model, "quantization", None) == quantization:
         return model
     fmt = linear_format(quantization)
-    for path in track(linear_paths(model)):
-        if path == "lm_head":
-            head = getattr(model, "lm_head", None)
-            if head is None:  # tied: the head reads the embedding matrix
-                weight, bias = model.tied_embedding(), None  # type: ignore[operator]
-            else:
-                weight, bias = head.weight, head.bias
-            module, record = convert_linear(weight, bias, fmt, head=True)
-        else:
-            linear = model.get_submodule(path)
-            module, record = convert_linear(linear.weight, linear.bias, fmt,
-                                            act8=act8_layer(path))
-        set_module(model, path, module)  # the fp32 layer goes now, not after the loop
-        if records is not None:
-            records[path] = record
+    paths = [p for p in linear_paths(model)  # (an LM head converted as loaded is done)
+             if p != "lm_head" or not isinstance(getattr(model, "lm_head", None), Fp16Linear)]
+    for path in track(paths):
+        _convert_path(model, path, fmt, records)
     mark_quantized(model, quantization)
     return model
+
+
+def _convert_path(model: nn.Module, path: str, fmt: LinearFormat,
+                  records: dict[str, dict[str, Tensor]] | None) -> None:
+    """Convert the layer at ``path`` (``"lm_head"``: the head, tied or not) in place."""
+    if path == "lm_head":
+        head = getattr(model, "lm_head", None)
+        if head is None:  # tied: the head reads the embedding matrix
+            weight, bias = model.tied_embedding(), None  # type: ignore[operator]
+        else:
+            weight, bias = head.weight, head.bias
+        module, record = convert_linear(weight, bias, fmt, head=True)
+    else:
+        linear = model.get_submodule(path)
+        module, record = convert_linear(linear.weight, linear.bias, fmt, act8=act8_layer(path))
+    set_module(model, path, module)  # the source layer goes now, not after the loop
+    if records is not None:
+        records[path] = record
+
+
+def converter_as_loaded(model: nn.Module, quantization: str,
+                        records: dict[str, dict[str, Tensor]] | None
+                        ) -> Callable[[str], bool]:
+    """``load_weights``' ``on_module_loaded`` for a model about to be ``quantize_model``-ed
+    to ``quantization``: each linear layer (an untied LM head too) is converted as soon as
+    the checkpoint filled it, so the source weights of at most one layer are held beside
+    the converted ones (a 16-bit checkpoint's first start: no copy of all its linears);
+    ``quantize_model`` afterwards converts the rest (a tied head) and marks the model.
+    The same conversion per layer as ``quantize_model``'s: the same model, bitwise."""
+    fmt = linear_format(quantization)
+
+    def on_module_loaded(path: str) -> bool:
+        if not isinstance(model.get_submodule(path), nn.Linear):
+            return False
+        _convert_path(model, path, fmt, records)
+        return True
+
+    return on_module_loaded
 
 
 def apply_linear_records(model: nn.Module, quantization: str,
