@@ -30,7 +30,7 @@ from roseinfer.model.config import ModelConfig
 from roseinfer.model.half_embedding import keep_embeddings_in
 from roseinfer.model.loader import Checkpoint, load_checkpoint, resolve_model_path
 from roseinfer.model.progress import note, progress, step
-from roseinfer.model.quantize import converter_as_loaded, quantize_model
+from roseinfer.model.quantize import INT_FORMATS, converter_as_loaded, quantize_model
 from roseinfer.model.registry import create_meta_model, create_model, materialize, reset_buffers
 from roseinfer.model.weight_cache import WeightCache
 from roseinfer.model.weight_state import model_from_state, model_state
@@ -116,7 +116,7 @@ def _linear_storage(ckpt: Checkpoint, dtype: torch.dtype, device: torch.device,
     """A bf16 / fp16 checkpoint converted to int8 on CPU keeps its linear weights in their
     dtype until each layer is converted (no fp32 copy of the model): (the checkpoint, with
     its first tensor peeked, and that dtype), else (it, None)."""
-    if (quantization not in ("int8", "q4_0") or dtype != torch.float32 or device.type != "cpu"
+    if (quantization not in INT_FORMATS or dtype != torch.float32 or device.type != "cpu"
             or ckpt.source.suffix.lower() == ".gguf"):  # GGUF: dequantized values are fp32
         return ckpt, None
     weights = iter(ckpt.weights)
@@ -137,7 +137,7 @@ def _cache_entry(ckpt: Checkpoint, dtype: torch.dtype, device: torch.device,
     if device.type != "cpu" or not cache_enabled(option):
         return None
     int8_layers = False
-    if quantization in ("int8", "q4_0") and dtype == torch.float32:
+    if quantization in INT_FORMATS and dtype == torch.float32:
         from roseinfer.kernels import cpu_kernels_available
 
         int8_layers = cpu_kernels_available()

@@ -51,6 +51,7 @@ from roseinfer.model.gguf_header import map_file
 from roseinfer.model.gguf_loader import GGUFFile, GGUFTensorInfo
 from roseinfer.model.llama import LlamaForCausalLM
 from roseinfer.model.quantize import (
+    INT_FORMATS,
     Fp16Linear,
     act8_layer,
     convert_linear,
@@ -94,7 +95,7 @@ def stream_gguf(source: Path, dtype: torch.dtype, device: torch.device,
             return None
         source = ggufs[0]
     if (source.suffix.lower() != ".gguf" or not source.is_file() or device.type != "cpu"
-            or dtype != torch.float32 or quantization not in ("int8", "q4_0")
+            or dtype != torch.float32 or quantization not in INT_FORMATS
             or not gguf_kernels_loaded()):
         return None
     gf = GGUFFile(source)
@@ -266,10 +267,10 @@ def load_gguf_streamed(gf: GGUFFile, config: ModelConfig, requantize_16bit: bool
                    if requantize_16bit and _converted(list(layer.weights.values()), True)
                    and not _converted(list(layer.weights.values()), False)]
     if requantized:
-        target = "Q4_0 (the LM head Q8_0)" if quantization == "q4_0" else "Q8_0"
+        asked = "q4_0" if quantization == "q4_0" else "q8_0"
+        target = {"q4_0": "Q4_0 (the LM head Q8_0)", "q8_0": "Q8_0"}[asked]
         logger.info("%s: %d F16/BF16 linear layers requantized to %s at load, as asked "
-                    "(quantization %s)", path.name, len(requantized), target,
-                    "q4_0" if quantization == "q4_0" else "q8_0")
+                    "(quantization %s)", path.name, len(requantized), target, asked)
     from roseinfer.model.progress import progress
 
     for lpath in progress(linear_paths(model), f"loading {path.name}", len(layers), unit="layer"):

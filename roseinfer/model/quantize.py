@@ -64,6 +64,9 @@ from torch import Tensor, nn
 ACT8_LAYERS = frozenset({"gate_up_proj"})
 
 QUANTIZATIONS = ("none", "fp16", "fp16+bf16", "int8", "q4_0")
+# Formats whose layers are the C++ kernels' integer ones (int8 / Q4_1 / GGUF parts;
+# "q4_0": "int8" with float weights requantized to Q4_0).
+INT_FORMATS = frozenset({"int8", "q4_0"})
 # Weight dtypes the int8 conversion takes (a 16-bit checkpoint's linears stay 16-bit
 # until converted: factory.load_model).
 _INT8_SOURCES = (torch.float32, torch.bfloat16, torch.float16)
@@ -183,7 +186,7 @@ def linear_format(quantization: str) -> LinearFormat:
         raise ValueError(f"unsupported quantization {quantization!r}; supported: {QUANTIZATIONS}")
     return LinearFormat(use_fbgemm=fbgemm_fp16_available(),
                         bf16_min_rows=BF16_MIN_ROWS if quantization == "fp16+bf16" else 0,
-                        int8=quantization in ("int8", "q4_0"), kernels=_kernels(),
+                        int8=quantization in INT_FORMATS, kernels=_kernels(),
                         q4_0=quantization == "q4_0")
 
 
