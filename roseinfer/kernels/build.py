@@ -5,6 +5,9 @@ The shared library is compiled once per (source, torch version, CPU flags) into
 under a file lock so concurrent processes build it once.  ``-march=native`` is safe
 because the key includes this CPU's flags: another machine builds its own copy.
 ``python -m roseinfer.kernels.build`` builds it ahead of time (``make setup``).
+``$ROSEINFER_KERNEL_CFLAGS`` adds compile flags (part of the key): on a VNNI machine
+``-DROSEINFER_NO_VNNI`` builds the AVX2 loops, ``-mno-avxvnni`` AVX-512 VNNI's encoding
+(tests compare each variant with the portable kernels).
 No ninja or pybind: one ``g++ -c`` per source file (run in parallel) against the torch
 headers, then one link.  Object files are kept in ``objects/`` beside the libraries,
 keyed by their source, the local headers it includes (transitively), the flags and the
@@ -57,7 +60,13 @@ def _key() -> str:
     h.update(torch.__version__.encode())
     h.update(_cpu_flags().encode())
     h.update(sys.version.encode())
+    h.update(" ".join(extra_flags()).encode())
     return h.hexdigest()[:16]
+
+
+def extra_flags() -> list[str]:
+    """Compile flags from ``$ROSEINFER_KERNEL_CFLAGS`` (whitespace-separated)."""
+    return os.environ.get("ROSEINFER_KERNEL_CFLAGS", "").split()
 
 
 def sources() -> list[Path]:
@@ -83,7 +92,7 @@ def _flags() -> tuple[str, list[str], list[str]]:
         "-fPIC", "-std=c++17", "-O3", "-march=native", "-fopenmp", "-DNDEBUG",
         f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-DTORCH_API_INCLUDE_EXTENSION_H", "-w",
         *(f"-I{p}" for p in cpp_extension.include_paths()), f"-I{CSRC / 'stub'}",
-        f"-I{sysconfig.get_paths()['include']}",
+        f"-I{sysconfig.get_paths()['include']}", *extra_flags(),
     ]
     link_flags = ["-shared", "-fopenmp", f"-L{lib_dir}", f"-Wl,-rpath,{lib_dir}", "-lc10",
                   "-ltorch_cpu", "-ltorch"]

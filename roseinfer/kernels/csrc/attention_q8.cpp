@@ -111,11 +111,12 @@ static void q8_item_portable(const int8_t* qq, const float* qs, const int8_t* kc
 
 // The 4 int32 dots of q (int8, |q| <= 127) with 4 int8 K rows, as lanes of one vector:
 // 32 bytes at a time, |k| * sign(q, k) by vpmaddubsw (a pair sums to at most
-// 2 * 128 * 127 < 2^15: never saturates), pairs to int32 by vpmaddwd.  Exact.
+// 2 * 128 * 127 < 2^15: never saturates), pairs to int32 by vpmaddwd (VNNI: vpdpbusd
+// straight into int32).  Exact.
 template <int DH, int GB>
 static inline void dots4(const int8_t* qq, const int8_t* const (&k)[4], __m128i (&out)[GB]) {
   constexpr int64_t kHead = DH + kQ8ScaleBytes;
-  const __m256i ones = _mm256_set1_epi16(1);
+  [[maybe_unused]] const __m256i ones = _mm256_set1_epi16(1);
   __m256i a[GB][4];
   for (int g = 0; g < GB; ++g)
     for (int j = 0; j < 4; ++j) a[g][j] = _mm256_setzero_si256();
@@ -126,8 +127,12 @@ static inline void dots4(const int8_t* qq, const int8_t* const (&k)[4], __m128i 
       for (int g = 0; g < GB; ++g) {
         const __m256i qv =
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qq + g * kHead + 32 * c));
+#ifdef ROSEINFER_VNNI
+        a[g][j] = dpbusd8(a[g][j], ka, _mm256_sign_epi8(qv, kv));  // the same exact sums
+#else
         const __m256i m = _mm256_maddubs_epi16(ka, _mm256_sign_epi8(qv, kv));
         a[g][j] = _mm256_add_epi32(a[g][j], _mm256_madd_epi16(m, ones));
+#endif
       }
     }
   for (int g = 0; g < GB; ++g) {

@@ -11,11 +11,35 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define ROSEINFER_AVX2 1
 #include <immintrin.h>
+#endif
+
+// VNNI on 256-bit registers (AVX-VNNI, or AVX-512 VNNI with VL): vpdpwssd / vpdpbusd add
+// the pair / quad products into int32 lanes without saturation, so they give the same
+// exact integer sums as vpmaddwd + vpaddd (or vpmaddubsw + vpmaddwd) in half the
+// instructions.  RI_VNNI is the asm mnemonic prefix: {vex} picks AVX-VNNI's encoding.
+// ROSEINFER_NO_VNNI (a build flag) keeps the AVX2 loops on a VNNI machine (tests).
+#if defined(ROSEINFER_AVX2) && !defined(ROSEINFER_NO_VNNI)
+#if defined(__AVXVNNI__)
+#define ROSEINFER_VNNI 1
+#define RI_VNNI "%{vex%} "  // (%{ %}: literal braces in an asm template)
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define ROSEINFER_VNNI 1
+#define RI_VNNI ""
+#endif
+#endif
+
+// AVX-512 (F/BW/VL) with VNNI: the integer loops of the GEMMs run on 512-bit registers,
+// one register per step's 16 columns and one accumulator per row (the same exact integer
+// sums).  ROSEINFER_NO_AVX512 (a build flag) keeps the 256-bit loops (tests).
+#if defined(ROSEINFER_VNNI) && defined(__AVX512F__) && defined(__AVX512BW__) && \
+    defined(__AVX512VL__) && defined(__AVX512VNNI__) && !defined(ROSEINFER_NO_AVX512)
+#define ROSEINFER_AVX512 1
 #endif
 
 namespace roseinfer {
@@ -72,5 +96,35 @@ static inline __m256 exp8(__m256 x) {
   return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
 }
 #endif  // ROSEINFER_AVX2
+
+#ifdef ROSEINFER_VNNI
+// acc + per int32 lane the exact sum of the four products of unsigned bytes u and signed
+// bytes s (vpdpbusd, no saturation).
+static inline __m256i dpbusd8(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(acc, u, s);
+#else
+  return _mm256_dpbusd_epi32(acc, u, s);
+#endif
+}
+#endif  // ROSEINFER_VNNI
+
+#ifdef ROSEINFER_AVX512
+// The two 256-bit halves of a 512-bit register and back (the 256-bit loops' accumulator
+// pairs: columns 0-7 and 8-15).
+static inline __m512i join256(__m256i lo, __m256i hi) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+static inline void split512(__m512i v, __m256i& lo, __m256i& hi) {
+  lo = _mm512_castsi512_si256(v);
+  hi = _mm512_extracti64x4_epi64(v, 1);
+}
+// Four bytes at p (a k-pair of int16 activations, or four int8 ones) in every int32 lane.
+static inline __m512i bcast4(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+#endif  // ROSEINFER_AVX512
 
 }  // namespace roseinfer

@@ -174,8 +174,53 @@ void tile_q6k(const TileArgs& t) {
   }
 }
 
+#ifdef ROSEINFER_AVX512
+// tile_blocks on 512-bit registers for decoded (wide) blocks and the 4- and 8-bit
+// formats: one accumulator register per row from start to scaling, and scale_add /
+// scale_min_add's fp32 steps on the 16 columns at once (the same operations per column,
+// in the same order: the same bits).
+template <class F, int MR>
+void tile_blocks_zmm(const TileArgs& t) {
+  const int16_t* const xq = t.xq;  // locals: see tile_q6k
+  const float *const dx = t.dx, *const sx = t.sx;
+  const int32_t* const xs = t.xs;
+  const int64_t K = t.K, KB = K / 32, KH = K / 16, j0 = t.j0, nb = t.nb;
+  const DBlock* const blk = t.blk;
+  float* const acc = t.acc;
+  const bool wide = t.wide;
+  const int32_t off = wide ? 0 : F::OFFSET;
+  constexpr Head kHead = F::BITS == 8 ? Head::I8 : Head::NIB;
+  for (int64_t b = 0; b < nb; ++b) {
+    prefetch_share(t.pf, t.pf_step, b);
+    const int64_t j = j0 + b;
+    const DBlock& o = blk[b];
+    const int16_t* xr[MR];
+    __m512i z[MR];
+    for (int m = 0; m < MR; ++m) {
+      xr[m] = xq + m * K + j * 32;
+      z[m] = _mm512_set1_epi32(off ? -off * (xs[m * KH + 2 * j] + xs[m * KH + 2 * j + 1]) : 0);
+    }
+    if (wide) steps_zmm<MR, 16, Head::I16>(xr, o.qp, z);
+    else if constexpr (F::BITS != 5) steps_zmm<MR, 16, kHead>(xr, o.qp, z);
+    const __m512 d = _mm512_loadu_ps(o.d0);
+    for (int m = 0; m < MR; ++m) {
+      float* ar = acc + m * 16;
+      __m512 r = _mm512_fmadd_ps(_mm512_cvtepi32_ps(z[m]), _mm512_mul_ps(_mm512_set1_ps(dx[m * KB + j]), d),
+                                 _mm512_loadu_ps(ar));
+      if constexpr (F::kMin) r = _mm512_fmadd_ps(_mm512_set1_ps(sx[m * KB + j]), _mm512_loadu_ps(o.m), r);
+      _mm512_storeu_ps(ar, r);
+    }
+  }
+}
+#endif  // ROSEINFER_AVX512
+
 template <class F, int MR>
 void tile_blocks(const TileArgs& t) {
+#ifdef ROSEINFER_AVX512
+  if constexpr (F::BITS != 6 && F::HALVES == 1) {
+    if (t.wide || F::BITS != 5) return tile_blocks_zmm<F, MR>(t);
+  }
+#endif
   if constexpr (F::BITS == 6) {
     tile_q6k<MR>(t);
   } else {

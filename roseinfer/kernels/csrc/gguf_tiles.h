@@ -41,6 +41,16 @@ enum class Head { I8, NIB, I16 };
   "vpand (%[c]), %%ymm12, %%ymm12\n\tvpand (%[c]), %%ymm13, %%ymm13\n\t"                  \
   "vpor %%ymm14, %%ymm12, %%ymm12\n\tvpor %%ymm15, %%ymm13, %%ymm13\n\t"                  \
   "vpsrlw $1, %[g0], %[g0]\n\tvpsrlw $1, %[g1], %[g1]\n\t"
+#ifdef ROSEINFER_VNNI
+// VNNI: vpdpwssd adds the pair products into the accumulators (the same exact sums).
+#define GG_ROW(m)                                          \
+  "vpbroadcastd (%[x" #m "],%[s]), %%ymm14\n\t"            \
+  RI_VNNI "vpdpwssd %%ymm12, %%ymm14, %[a" #m "0]\n\t"     \
+  RI_VNNI "vpdpwssd %%ymm13, %%ymm14, %[a" #m "1]\n\t"     \
+  "vpbroadcastd 4(%[x" #m "],%[s]), %%ymm15\n\t"           \
+  RI_VNNI "vpdpwssd %%ymm10, %%ymm15, %[a" #m "0]\n\t"     \
+  RI_VNNI "vpdpwssd %%ymm11, %%ymm15, %[a" #m "1]\n\t"
+#else
 #define GG_ROW(m)                                   \
   "vpbroadcastd (%[x" #m "],%[s]), %%ymm14\n\t"     \
   "vpmaddwd %%ymm12, %%ymm14, %%ymm15\n\t"          \
@@ -52,6 +62,7 @@ enum class Head { I8, NIB, I16 };
   "vpaddd %%ymm15, %[a" #m "0], %[a" #m "0]\n\t"    \
   "vpmaddwd %%ymm11, %%ymm14, %%ymm14\n\t"          \
   "vpaddd %%ymm14, %[a" #m "1], %[a" #m "1]\n\t"
+#endif
 #define GG_TAIL(WB, END) "add $" WB ", %[w]\n\tadd $8, %[s]\n\tcmp $" END ", %[s]\n\tjne 1b\n\t"
 #define GG_ACC(m) [a##m##0] "+x"(a[m][0]), [a##m##1] "+x"(a[m][1])
 #define GG_OUT_IN(...) : __VA_ARGS__, [w] "+r"(wp), [s] "+r"(s)
@@ -85,11 +96,52 @@ alignas(32) inline const int16_t kNibMasks[48] = {
     256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256,
     16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16};
 
+#ifdef ROSEINFER_AVX512
+// steps_int on 512-bit registers: a step's 16 columns (int16 pairs in I8 order) in one
+// register, one accumulator per row (z[m]: columns 0-15), vpdpwssd per row and step
+// (the same exact sums).  Heads: int16 values (64 bytes a step), int8 ones (32), 4-bit
+// ones (32 bytes: two steps, low / high nibbles).
+template <int MR, int STEPS, Head H>
+inline void steps_zmm(const int16_t* const* xr, const uint8_t* q, __m512i (&z)[MR]) {
+  const __m512i nib = _mm512_set1_epi16(15);
+  for (int s = 0; s < STEPS; s += 2) {
+    __m512i w0, w1;
+    if constexpr (H == Head::I16) {
+      w0 = _mm512_loadu_si512(q + 64 * s);
+      w1 = _mm512_loadu_si512(q + 64 * s + 64);
+    } else if constexpr (H == Head::I8) {
+      w0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * s)));
+      w1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * s + 32)));
+    } else {
+      const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 16 * s)));
+      w0 = _mm512_and_si512(v, nib);
+      w1 = _mm512_srli_epi16(v, 4);
+    }
+    for (int m = 0; m < MR; ++m) {
+      z[m] = _mm512_dpwssd_epi32(z[m], w0, bcast4(xr[m] + 2 * s));
+      z[m] = _mm512_dpwssd_epi32(z[m], w1, bcast4(xr[m] + 2 * s + 2));
+    }
+  }
+}
+
+// The same with the 256-bit loops' accumulator pairs.
+template <int MR, int STEPS, Head H>
+inline void steps_int_zmm(const int16_t* const* xr, const uint8_t* q, __m256i (&a)[MR][2]) {
+  __m512i z[MR];
+  for (int m = 0; m < MR; ++m) z[m] = join256(a[m][0], a[m][1]);
+  steps_zmm<MR, STEPS, H>(xr, q, z);
+  for (int m = 0; m < MR; ++m) split512(z[m], a[m][0], a[m][1]);
+}
+#endif  // ROSEINFER_AVX512
+
 // a[m][0 / 1] += the exact int32 dots of rows m's STEPS * 2 activations (xr[m]) with
 // columns 0-7 / 8-15 of the values at q (STEPS = 8 or 16); a holds the caller's start
 // (zero, or minus offset * the activations' sum: the dot with q - offset).
 template <int MR, int STEPS, Head H>
 inline void steps_int(const int16_t* const* xr, const uint8_t* q, __m256i (&a)[MR][2]) {
+#ifdef ROSEINFER_AVX512
+  return steps_int_zmm<MR, STEPS, H>(xr, q, a);
+#endif
   int64_t s = 0;
   const uint8_t* wp = q;
   const int16_t* consts = kNibMasks;

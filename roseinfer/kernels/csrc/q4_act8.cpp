@@ -83,12 +83,96 @@ void panels_scalar(const int8_t* xq, const float* dx, const float* sx, int64_t M
   "vpand %[mask], %%ymm12, %%ymm12\n\tvpand %[mask], %%ymm13, %%ymm13\n\t"
 #define A8_TAIL_BYTES "add $64, %[w]\n\tadd $4, %[s]\n\tcmp $32, %[s]\n\tjne 1b\n\t"
 #define A8_TAIL_NIB "add $32, %[w]\n\tadd $4, %[s]\n\tcmp $32, %[s]\n\tjne 1b\n\t"
+#ifdef ROSEINFER_VNNI
+// VNNI: vpdpbusd adds each column's four products straight into int32 accumulators
+// (the block's exact dots: no int16 stage, no widening afterwards).
+#define A8_ROW(m)                                         \
+  "vpbroadcastd (%[x" #m "],%[s]), %%ymm14\n\t"           \
+  RI_VNNI "vpdpbusd %%ymm14, %%ymm12, %[a" #m "0]\n\t"    \
+  RI_VNNI "vpdpbusd %%ymm14, %%ymm13, %[a" #m "1]\n\t"
+#else
 #define A8_ROW(m)                                  \
   "vpbroadcastd (%[x" #m "],%[s]), %%ymm14\n\t"    \
   "vpmaddubsw %%ymm14, %%ymm12, %%ymm15\n\t"       \
   "vpaddw %%ymm15, %[a" #m "0], %[a" #m "0]\n\t"   \
   "vpmaddubsw %%ymm14, %%ymm13, %%ymm14\n\t"       \
   "vpaddw %%ymm14, %[a" #m "1], %[a" #m "1]\n\t"
+#endif
+
+#ifdef ROSEINFER_AVX512
+// One 32-block on 512-bit registers: a step's 16 columns x 4 unsigned weights in one
+// register, one int32 accumulator per row, vpdpbusd (the block's exact dots).  Nibbles:
+// two steps (64 bytes) at once, their low (bytes 0-31 of a step) and high (32-63)
+// nibbles regrouped per step.
+template <int MR, bool NIB>
+inline void block_int_zmm(const int8_t* const* xr, const uint8_t* wp, __m512i (&z)[MR]) {
+  const __m512i nib = _mm512_set1_epi8(15);
+  for (int s = 0; s < 8; s += 2) {
+    __m512i w0, w1;
+    if constexpr (NIB) {
+      _mm_prefetch(reinterpret_cast<const char*>(wp + kNibStep * s + 1024), _MM_HINT_T0);
+      const __m512i v = _mm512_loadu_si512(wp + kNibStep * s);
+      const __m512i lo = _mm512_and_si512(v, nib);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+      w0 = _mm512_shuffle_i64x2(lo, hi, 0x44);
+      w1 = _mm512_shuffle_i64x2(lo, hi, 0xEE);
+    } else {
+      _mm_prefetch(reinterpret_cast<const char*>(wp + kStepBytes * s + 2048), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(wp + kStepBytes * s + 2112), _MM_HINT_T0);
+      w0 = _mm512_loadu_si512(wp + kStepBytes * s);
+      w1 = _mm512_loadu_si512(wp + kStepBytes * s + kStepBytes);
+    }
+    for (int m = 0; m < MR; ++m) {
+      z[m] = _mm512_dpbusd_epi32(z[m], w0, bcast4(xr[m] + 4 * s));
+      z[m] = _mm512_dpbusd_epi32(z[m], w1, bcast4(xr[m] + 4 * s + 4));
+    }
+  }
+}
+
+// tile (below) on 512-bit registers: per row one integer and one fp32 accumulator
+// register (16 columns), the same fp32 operations per column in the same order (the
+// same bits).
+template <int MR, bool NIB, bool OFF>
+void tile_zmm(const int8_t* xq, const float* dx, const float* sx, const int32_t* xs, int64_t K,
+              const uint8_t* w, int64_t n0, const float* bias, float* y, int64_t N) {
+  const int64_t KB = K / kQ8Block;
+  __m512 acc[MR];
+  for (int m = 0; m < MR; ++m) acc[m] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < KB; ++j) {
+    __m512i z[MR];
+    const int8_t* xr[MR];
+    for (int m = 0; m < MR; ++m) {
+      z[m] = _mm512_setzero_si512();
+      xr[m] = xq + m * K + j * kQ8Block;
+    }
+    const uint8_t* blk = w + j * block_bytes(NIB, !OFF);
+    block_int_zmm<MR, NIB>(xr, blk, z);
+    __m512 dw, mw = _mm512_setzero_ps();
+    if constexpr (NIB) {
+      const __m256i* hp = reinterpret_cast<const __m256i*>(blk + kNibScale);
+      dw = _mm512_cvtph_ps(_mm256_loadu_si256(hp));
+      if constexpr (!OFF) mw = _mm512_cvtph_ps(_mm256_loadu_si256(hp + 1));
+    } else {
+      const float* fp = reinterpret_cast<const float*>(blk + kBytesScale);
+      dw = _mm512_loadu_ps(fp);
+      if constexpr (!OFF) mw = _mm512_loadu_ps(fp + 16);
+    }
+    for (int m = 0; m < MR; ++m) {
+      const __m512 d = _mm512_set1_ps(dx[m * KB + j]);
+      if constexpr (OFF) {
+        const __m512i dot = _mm512_add_epi32(z[m], _mm512_set1_epi32(-8 * xs[m * KB + j]));
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, dw), acc[m]);
+      } else {
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(z[m]), _mm512_mul_ps(d, dw), acc[m]);
+        acc[m] = _mm512_fmadd_ps(_mm512_set1_ps(sx[m * KB + j]), mw, acc[m]);
+      }
+    }
+  }
+  alignas(64) float out[MR * kQ8Panel];
+  for (int m = 0; m < MR; ++m) _mm512_store_ps(out + m * kQ8Panel, acc[m]);
+  store_tile(out, MR, n0, std::min<int64_t>(kQ8Panel, N - n0), bias, y, N);
+}
+#endif  // ROSEINFER_AVX512
 
 template <int MR, bool NIB>
 inline void block_int(const int8_t* const* xr, const uint8_t* wp, __m256i (&a)[MR][2]) {
@@ -111,8 +195,11 @@ inline void block_int(const int8_t* const* xr, const uint8_t* wp, __m256i (&a)[M
 template <int MR, bool NIB, bool OFF>
 void tile(const int8_t* xq, const float* dx, const float* sx, const int32_t* xs, int64_t K,
           const uint8_t* w, int64_t n0, const float* bias, float* y, int64_t N) {
+#ifdef ROSEINFER_AVX512
+  return tile_zmm<MR, NIB, OFF>(xq, dx, sx, xs, K, w, n0, bias, y, N);
+#endif
   const int64_t KB = K / kQ8Block;
-  const __m256i ones = _mm256_set1_epi16(1);
+  [[maybe_unused]] const __m256i ones = _mm256_set1_epi16(1);
   alignas(64) float acc[MR * kQ8Panel] = {};
   for (int64_t j = 0; j < KB; ++j) {
     __m256i a[MR][2];
@@ -138,7 +225,11 @@ void tile(const int8_t* xq, const float* dx, const float* sx, const int32_t* xs,
       if constexpr (!OFF) mw0 = _mm256_loadu_ps(fp + 16), mw1 = _mm256_loadu_ps(fp + 24);
     }
     for (int m = 0; m < MR; ++m) {  // int16 pair sums widened to the block's int32 dots
+#ifdef ROSEINFER_VNNI
+      const __m256i i0 = a[m][0], i1 = a[m][1];  // int32 already
+#else
       const __m256i i0 = _mm256_madd_epi16(a[m][0], ones), i1 = _mm256_madd_epi16(a[m][1], ones);
+#endif
       if constexpr (OFF) {
         const __m256i st = _mm256_set1_epi32(-8 * xs[m * KB + j]);
         float* ar = acc + m * kQ8Panel;

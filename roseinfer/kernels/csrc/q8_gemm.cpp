@@ -97,13 +97,89 @@ void panels_scalar(const int16_t* xq, const float* dx, const float* sx, int64_t 
   "1:\n\tprefetcht0 1024(%[w])\n\tvpmovzxbw (%[w]), %%ymm12\n\tvpsrlw $4, %%ymm12, %%ymm13\n\t" \
   "vpand %[mask], %%ymm12, %%ymm12\n\t"
 #define Q4_TAIL "add $16, %[w]\n\tadd $4, %[s]\n\tcmp $64, %[s]\n\tjne 1b\n\t"
+#ifdef ROSEINFER_VNNI
+// VNNI: vpdpwssd adds the pair products into the accumulators (the same exact sums).
+#define Q8_ROW(m)                                        \
+  "vpbroadcastd (%[x" #m "],%[s]), %%ymm14\n\t"          \
+  RI_VNNI "vpdpwssd %%ymm12, %%ymm14, %[a" #m "0]\n\t"   \
+  RI_VNNI "vpdpwssd %%ymm13, %%ymm14, %[a" #m "1]\n\t"
+#else
 #define Q8_ROW(m)                                 \
   "vpbroadcastd (%[x" #m "],%[s]), %%ymm14\n\t"   \
   "vpmaddwd %%ymm12, %%ymm14, %%ymm15\n\t"        \
   "vpaddd %%ymm15, %[a" #m "0], %[a" #m "0]\n\t"  \
   "vpmaddwd %%ymm13, %%ymm14, %%ymm14\n\t"        \
   "vpaddd %%ymm14, %[a" #m "1], %[a" #m "1]\n\t"
+#endif
 #define Q8_TAIL "add $32, %[w]\n\tadd $4, %[s]\n\tcmp $64, %[s]\n\tjne 1b\n\t"
+
+#ifdef ROSEINFER_AVX512
+// One 32-block on 512-bit registers: a step's 16 columns (int16 pairs) in one register,
+// one accumulator per row, vpdpwssd (the same exact sums).  Q4_1: two steps' nibbles
+// (32 bytes) widened at once, their low (columns 0-7) and high (8-15) halves regrouped
+// per step.  Prefetch as the 256-bit loops.
+template <int MR, bool Q4>
+inline void block_int_zmm(const int16_t* const* xr, const uint8_t* wp, __m512i (&z)[MR]) {
+  const __m512i nib = _mm512_set1_epi16(15);
+  for (int s = 0; s < 16; s += 2) {
+    __m512i w0, w1;
+    if constexpr (Q4) {
+      _mm_prefetch(reinterpret_cast<const char*>(wp + kQ4StepBytes * s + 1024), _MM_HINT_T0);
+      const __m512i v = _mm512_cvtepu8_epi16(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + kQ4StepBytes * s)));
+      const __m512i lo = _mm512_and_si512(v, nib), hi = _mm512_srli_epi16(v, 4);
+      w0 = _mm512_shuffle_i64x2(lo, hi, 0x44);  // step s: lo's first half, hi's first
+      w1 = _mm512_shuffle_i64x2(lo, hi, 0xEE);  // step s + 1: the second halves
+    } else {
+      if (MR < 5) _mm_prefetch(reinterpret_cast<const char*>(wp + kStepBytes * s + 2048), _MM_HINT_T0);
+      w0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + kStepBytes * s)));
+      w1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + kStepBytes * s + 32)));
+    }
+    for (int m = 0; m < MR; ++m) {
+      z[m] = _mm512_dpwssd_epi32(z[m], w0, bcast4(xr[m] + 2 * s));
+      z[m] = _mm512_dpwssd_epi32(z[m], w1, bcast4(xr[m] + 2 * s + 2));
+    }
+  }
+}
+
+// tile_avx2 on 512-bit registers: per row one integer and one fp32 accumulator register
+// (16 columns), the same fp32 operations per column in the same order (the same bits).
+template <int MR, Kind KIND>
+void tile_zmm(const int16_t* xq, const float* dx, const float* sx, int64_t K, const uint8_t* w,
+              int64_t n0, const float* bias, float* y, int64_t N) {
+  const int64_t KB = K / kQ8Block;
+  __m512 acc[MR];
+  for (int m = 0; m < MR; ++m) acc[m] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < KB; ++j) {
+    __m512i z[MR];
+    const int16_t* xr[MR];
+    for (int m = 0; m < MR; ++m) {
+      z[m] = _mm512_setzero_si512();
+      xr[m] = xq + m * K + j * kQ8Block;
+    }
+    __m512 dw, mw = _mm512_setzero_ps();
+    if constexpr (KIND == Kind::Q4) {
+      const uint8_t* blk = w + j * kQ4BlockBytes;
+      block_int_zmm<MR, true>(xr, blk, z);
+      const __m256i* hp = reinterpret_cast<const __m256i*>(blk + kQ4ScaleOffset);
+      dw = _mm512_cvtph_ps(_mm256_loadu_si256(hp));
+      mw = _mm512_cvtph_ps(_mm256_loadu_si256(hp + 1));
+    } else {
+      const uint8_t* blk = w + j * block_bytes_of(KIND);
+      block_int_zmm<MR, false>(xr, blk, z);
+      dw = _mm512_loadu_ps(reinterpret_cast<const float*>(blk + kScaleOffset));
+      if constexpr (KIND == Kind::I8M) mw = _mm512_loadu_ps(reinterpret_cast<const float*>(blk + kBlockBytes));
+    }
+    for (int m = 0; m < MR; ++m) {
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(z[m]), _mm512_mul_ps(_mm512_set1_ps(dx[m * KB + j]), dw), acc[m]);
+      if constexpr (KIND != Kind::I8) acc[m] = _mm512_fmadd_ps(_mm512_set1_ps(sx[m * KB + j]), mw, acc[m]);
+    }
+  }
+  alignas(64) float out[MR * kQ8Panel];
+  for (int m = 0; m < MR; ++m) _mm512_store_ps(out + m * kQ8Panel, acc[m]);
+  store_tile(out, MR, n0, std::min<int64_t>(kQ8Panel, N - n0), bias, y, N);
+}
+#endif  // ROSEINFER_AVX512
 
 // One 32-block for MR rows x 16 columns, int8 or Q4_1 weights.
 template <int MR, bool Q4>
@@ -128,6 +204,9 @@ inline void block_int_avx2(const int16_t* const* xr, const uint8_t* wp, __m256i 
 template <int MR, Kind KIND>
 void tile_avx2(const int16_t* xq, const float* dx, const float* sx, int64_t K, const uint8_t* w,
                int64_t n0, const float* bias, float* y, int64_t N) {
+#ifdef ROSEINFER_AVX512
+  return tile_zmm<MR, KIND>(xq, dx, sx, K, w, n0, bias, y, N);
+#endif
   const int64_t KB = K / kQ8Block;
   alignas(64) float acc[MR * kQ8Panel] = {};
   for (int64_t j = 0; j < KB; ++j) {
