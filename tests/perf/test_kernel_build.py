@@ -40,3 +40,16 @@ def test_object_key_follows_included_headers_only(tmp_path: Path, monkeypatch) -
     k1 = object_key(a, cmd)
     assert k1 != k0
     assert object_key(a, ["g++", "-O2"]) != k1  # other flags: a new object
+
+
+def test_extra_flags_reach_the_compiler_and_the_library_key(monkeypatch) -> None:
+    """ROSEINFER_KERNEL_CFLAGS (another ISA variant on the same machine) builds a library
+    of its own: the flags are in the compile command and in the key."""
+    import roseinfer.kernels.build as build
+
+    monkeypatch.delenv("ROSEINFER_KERNEL_CFLAGS", raising=False)
+    key, flags = build._key(), build._flags()[1]
+    monkeypatch.setenv("ROSEINFER_KERNEL_CFLAGS", "-DROSEINFER_NO_VNNI  -mno-avxvnni")
+    assert build.extra_flags() == ["-DROSEINFER_NO_VNNI", "-mno-avxvnni"]
+    assert build._flags()[1] == [*flags, "-DROSEINFER_NO_VNNI", "-mno-avxvnni"]
+    assert build._key() != key

@@ -58,6 +58,49 @@ static inline void scores4(const float* q, const KV* const (&k)[4], int64_t n, f
   }
 }
 
+#ifdef ROSEINFER_AVX512
+// 512-bit forms of scores4 and of the P.V passes below, with every lane's FMA chain the
+// 256-bit one's (the same bits): scores hold rows j and j + 1 in the two halves of one
+// register (the query's 8 values in both), P.V 16 output dims per register.
+static inline __m512 load8x2(const float* a, const float* b) {
+  return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(a)), _mm256_loadu_ps(b), 1);
+}
+static inline __m512 load8x2(const at::Half* a, const at::Half* b) {
+  const __m128i* pa = reinterpret_cast<const __m128i*>(a);
+  const __m128i* pb = reinterpret_cast<const __m128i*>(b);
+  return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(pa)),
+                                                 _mm_loadu_si128(pb), 1));
+}
+static inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+static inline __m512 load16(const at::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+template <int DH, int GB, typename KV>
+static inline void scores4_zmm(const float* q, const KV* const (&k)[4], int64_t n, float scale,
+                               float* out, int64_t ld) {
+  __m512 a[GB][2];
+  for (int g = 0; g < GB; ++g) a[g][0] = a[g][1] = _mm512_setzero_ps();
+  for (int v = 0; v < DH / 8; ++v) {
+    const __m512 k01 = load8x2(k[0] + 8 * v, k[1] + 8 * v);
+    const __m512 k23 = load8x2(k[2] + 8 * v, k[3] + 8 * v);
+    for (int g = 0; g < GB; ++g) {
+      const __m512 qv = _mm512_broadcast_f32x8(_mm256_loadu_ps(q + g * DH + 8 * v));
+      a[g][0] = _mm512_fmadd_ps(k01, qv, a[g][0]);
+      a[g][1] = _mm512_fmadd_ps(k23, qv, a[g][1]);
+    }
+  }
+  for (int g = 0; g < GB; ++g) {
+    const __m256 r[4] = {_mm512_castps512_ps256(a[g][0]), _mm512_extractf32x8_ps(a[g][0], 1),
+                         _mm512_castps512_ps256(a[g][1]), _mm512_extractf32x8_ps(a[g][1], 1)};
+    const __m128 s = _mm_mul_ps(reduce4(r), _mm_set1_ps(scale));
+    alignas(16) float tmp[4];
+    _mm_store_ps(tmp, s);
+    for (int64_t j = 0; j < n; ++j) out[g * ld + j] = tmp[j];
+  }
+}
+#endif  // ROSEINFER_AVX512
+
 // Query heads [0, GB) of one item: scores, softmax, then out[g] = sum_t p[g][t] v[t],
 // 32 output dims at a time (each V vector widened once for the GB heads), every lane an
 // FMA chain over the positions in order.
@@ -81,12 +124,41 @@ static void attend_heads(const float* qd, const KV* kc, const KV* vc, const int3
         ahead.next();
       }
     }
+#ifdef ROSEINFER_AVX512
+    scores4_zmm<DH, GB>(qd, k, n, scale, scores + t0, L);
+#else
     scores4<DH, GB>(qd, k, n, scale, scores + t0, L);
+#endif
   }
   SlotCursor va(table, bs, 0);
   for (int64_t t = 0; t < std::min(kAhead, L); ++t, va.next())
     prefetch_row(vc + va.slot() * row + kh * DH, kRowBytes);
   for (int g = 0; g < GB; ++g) softmax_row(scores + g * L, L);
+#ifdef ROSEINFER_AVX512
+  constexpr int kChunkZ = DH / 16 < 4 ? DH / 16 : 4;  // 16-dim vectors per pass
+  for (int ch = 0; ch < DH / 16; ch += kChunkZ) {
+    __m512 acc[GB][kChunkZ];
+    for (int g = 0; g < GB; ++g)
+      for (int u = 0; u < kChunkZ; ++u) acc[g][u] = _mm512_setzero_ps();
+    SlotCursor v(table, bs, 0);
+    for (int64_t t = 0; t < L; ++t, v.next()) {
+      if (ch == 0 && t + kAhead < L) {
+        prefetch_row(vc + va.slot() * row + kh * DH, kRowBytes);
+        va.next();
+      }
+      const KV* vr = vc + v.slot() * row + kh * DH + 16 * ch;
+      __m512 p[GB];
+      for (int g = 0; g < GB; ++g) p[g] = _mm512_set1_ps(scores[g * L + t]);
+      for (int u = 0; u < kChunkZ; ++u) {
+        const __m512 vv = load16(vr + 16 * u);
+        for (int g = 0; g < GB; ++g) acc[g][u] = _mm512_fmadd_ps(p[g], vv, acc[g][u]);
+      }
+    }
+    for (int g = 0; g < GB; ++g)
+      for (int u = 0; u < kChunkZ; ++u) _mm512_storeu_ps(od + g * DH + 16 * (ch + u), acc[g][u]);
+  }
+  return;
+#endif
   constexpr int kChunk = DH / 8 < 4 ? DH / 8 : 4;  // vectors per pass
   for (int ch = 0; ch < DH / 8; ch += kChunk) {
     __m256 acc[GB][kChunk];
