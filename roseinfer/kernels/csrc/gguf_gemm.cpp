@@ -261,6 +261,16 @@ void tile_blocks(const TileArgs& t) {
 
 template <class F>
 void tile_rows(int64_t mr, const TileArgs& t) {
+#ifdef ROSEINFER_AVX512
+  if constexpr (F::BITS != 6 && F::HALVES == 1) {  // tiles of up to 8 rows (tile_max)
+    if (mr > kMaxSmallRows) {
+      if (mr == 6) tile_blocks_zmm<F, 6>(t);
+      else if (mr == 7) tile_blocks_zmm<F, 7>(t);
+      else tile_blocks_zmm<F, 8>(t);
+      return;
+    }
+  }
+#endif
   switch (mr) {
     case 1: tile_blocks<F, 1>(t); break;
     case 2: tile_blocks<F, 2>(t); break;
@@ -268,6 +278,17 @@ void tile_rows(int64_t mr, const TileArgs& t) {
     case 4: tile_blocks<F, 4>(t); break;
     default: tile_blocks<F, 5>(t); break;
   }
+}
+
+// Rows per register tile: 5 (the 256-bit loops' accumulators fill the 16 registers; 5
+// bits in registers: 4); with AVX-512, 8 for the loops on 512-bit registers (4- and
+// 8-bit values, decoded 5-bit blocks).
+template <class F>
+constexpr int64_t tile_max(bool wide) {
+#ifdef ROSEINFER_AVX512
+  if (F::BITS == 4 || F::BITS == 8 || (F::BITS == 5 && wide)) return 8;
+#endif
+  return wide || F::BITS != 5 ? kMaxSmallRows : kMaxSmallRows - 1;
 }
 
 // Panels [p0, p1), rows in chunks whose activations stay in L2: per panel, groups of
@@ -311,7 +332,7 @@ void panels_avx2(const GgufPanels& g, const int16_t* xq, const float* dx, const 
         // The next group's bytes (the next panel's after the last group), spread over
         // the first tile's blocks.
         const uint8_t* next = panel + (j0 / BPS) * F::kPanel + kGroupBytes;
-        for_row_tiles(c0, c1, wide ? kMaxSmallRows : kSmall, [&](int64_t m, int64_t mr) {
+        for_row_tiles(c0, c1, tile_max<F>(wide), [&](int64_t m, int64_t mr) {
           const TileArgs t{xq + m * K, dx + m * KB, sx + m * KB, xs ? xs + m * (K / 16) : nullptr,
                            K, blk, j0, nb, acc + (m - c0) * 16, wide, m == c0 ? next : nullptr,
                            (kGroupBytes / nb + 63) / 64 * 64};

@@ -20,6 +20,11 @@ constexpr int64_t kNibStep = 32;                                // 64 nibbles
 constexpr int64_t kNibScale = 8 * kNibStep;                     // fp16 d, then fp16 m
 constexpr int64_t kNibBlock = kNibScale + 4 * kQ8Panel;         // 320 (Q4_0: 288, no m)
 constexpr int64_t kNibMaxRows = 4;  // up to this many rows read the nibbles
+#ifdef ROSEINFER_AVX512
+constexpr int64_t kTileRows = 8;  // rows per register tile (32 registers)
+#else
+constexpr int64_t kTileRows = 5;
+#endif
 
 // Bytes of one packed block: Q4_0 (offset 8) stores no minimums.
 constexpr int64_t block_bytes(bool nib, bool mins) {
@@ -195,9 +200,6 @@ inline void block_int(const int8_t* const* xr, const uint8_t* wp, __m256i (&a)[M
 template <int MR, bool NIB, bool OFF>
 void tile(const int8_t* xq, const float* dx, const float* sx, const int32_t* xs, int64_t K,
           const uint8_t* w, int64_t n0, const float* bias, float* y, int64_t N) {
-#ifdef ROSEINFER_AVX512
-  return tile_zmm<MR, NIB, OFF>(xq, dx, sx, xs, K, w, n0, bias, y, N);
-#endif
   const int64_t KB = K / kQ8Block;
   [[maybe_unused]] const __m256i ones = _mm256_set1_epi16(1);
   alignas(64) float acc[MR * kQ8Panel] = {};
@@ -251,6 +253,19 @@ template <bool NIB, bool OFF>
 void tile_rows(int64_t mr, const int8_t* xm, const float* dm, const float* sm,
                const int32_t* xsm, int64_t K, const uint8_t* panel, int64_t n0,
                const float* bias, float* ym, int64_t N) {
+#ifdef ROSEINFER_AVX512
+  switch (mr) {
+    case 1: tile_zmm<1, NIB, OFF>(xm, dm, sm, xsm, K, panel, n0, bias, ym, N); break;
+    case 2: tile_zmm<2, NIB, OFF>(xm, dm, sm, xsm, K, panel, n0, bias, ym, N); break;
+    case 3: tile_zmm<3, NIB, OFF>(xm, dm, sm, xsm, K, panel, n0, bias, ym, N); break;
+    case 4: tile_zmm<4, NIB, OFF>(xm, dm, sm, xsm, K, panel, n0, bias, ym, N); break;
+    case 5: tile_zmm<5, NIB, OFF>(xm, dm, sm, xsm, K, panel, n0, bias, ym, N); break;
+    case 6: tile_zmm<6, NIB, OFF>(xm, dm, sm, xsm, K, panel, n0, bias, ym, N); break;
+    case 7: tile_zmm<7, NIB, OFF>(xm, dm, sm, xsm, K, panel, n0, bias, ym, N); break;
+    default: tile_zmm<8, NIB, OFF>(xm, dm, sm, xsm, K, panel, n0, bias, ym, N); break;
+  }
+  return;
+#endif
   switch (mr) {
     case 1: tile<1, NIB, OFF>(xm, dm, sm, xsm, K, panel, n0, bias, ym, N); break;
     case 2: tile<2, NIB, OFF>(xm, dm, sm, xsm, K, panel, n0, bias, ym, N); break;
@@ -338,7 +353,7 @@ void gemm_q4_act8(const uint8_t* bytes, const uint8_t* nibbles, int64_t N, int64
         for (int64_t p = p0; p < p1; ++p) {
           const uint8_t* panel = wp + p * panel_bytes;
           const int64_t n0 = p * kQ8Panel;
-          for_row_tiles(c0, std::min(M, c0 + mc), 5, [&](int64_t m, int64_t mr) {
+          for_row_tiles(c0, std::min(M, c0 + mc), kTileRows, [&](int64_t m, int64_t mr) {
             const int8_t* xm = xq.get() + m * K;
             const float* dm = dx.get() + m * KB;
             const float* sm = sx.get() + m * KB;

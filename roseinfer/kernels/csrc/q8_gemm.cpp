@@ -22,6 +22,11 @@ constexpr int64_t kQ4ScaleOffset = 16 * kQ4StepBytes;         // fp16 d, then fp
 constexpr int64_t kQ4BlockBytes = kQ4ScaleOffset + 4 * kQ8Panel;  // 320
 constexpr int64_t kI8MBlockBytes = kBlockBytes + 4 * kQ8Panel;     // int8 layout + fp32 m: 640
 constexpr int64_t kQ4MaxRows = 4;  // Q4_1: up to this many rows read the nibbles
+#ifdef ROSEINFER_AVX512
+constexpr int64_t kTileRows = 8;  // rows per register tile (32 registers)
+#else
+constexpr int64_t kTileRows = 5;
+#endif
 
 // Packed layouts: int8 (Q8_0), int8 with minimums (Q4_1's q as int8, for larger M), and
 // nibbles (Q4_1, for decode steps).
@@ -117,7 +122,8 @@ void panels_scalar(const int16_t* xq, const float* dx, const float* sx, int64_t 
 // One 32-block on 512-bit registers: a step's 16 columns (int16 pairs) in one register,
 // one accumulator per row, vpdpwssd (the same exact sums).  Q4_1: two steps' nibbles
 // (32 bytes) widened at once, their low (columns 0-7) and high (8-15) halves regrouped
-// per step.  Prefetch as the 256-bit loops.
+// per step.  Every tile prefetches the weights 2 KB (nibbles: 1 KB) ahead: tiles of up
+// to 8 rows, so the first tile of a panel is often a full one.
 template <int MR, bool Q4>
 inline void block_int_zmm(const int16_t* const* xr, const uint8_t* wp, __m512i (&z)[MR]) {
   const __m512i nib = _mm512_set1_epi16(15);
@@ -131,7 +137,7 @@ inline void block_int_zmm(const int16_t* const* xr, const uint8_t* wp, __m512i (
       w0 = _mm512_shuffle_i64x2(lo, hi, 0x44);  // step s: lo's first half, hi's first
       w1 = _mm512_shuffle_i64x2(lo, hi, 0xEE);  // step s + 1: the second halves
     } else {
-      if (MR < 5) _mm_prefetch(reinterpret_cast<const char*>(wp + kStepBytes * s + 2048), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(wp + kStepBytes * s + 2048), _MM_HINT_T0);
       w0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + kStepBytes * s)));
       w1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + kStepBytes * s + 32)));
     }
@@ -204,9 +210,6 @@ inline void block_int_avx2(const int16_t* const* xr, const uint8_t* wp, __m256i 
 template <int MR, Kind KIND>
 void tile_avx2(const int16_t* xq, const float* dx, const float* sx, int64_t K, const uint8_t* w,
                int64_t n0, const float* bias, float* y, int64_t N) {
-#ifdef ROSEINFER_AVX512
-  return tile_zmm<MR, KIND>(xq, dx, sx, K, w, n0, bias, y, N);
-#endif
   const int64_t KB = K / kQ8Block;
   alignas(64) float acc[MR * kQ8Panel] = {};
   for (int64_t j = 0; j < KB; ++j) {
@@ -252,6 +255,19 @@ void tile_avx2(const int16_t* xq, const float* dx, const float* sx, int64_t K, c
 template <Kind KIND>
 void tile_avx2_rows(int64_t mr, const int16_t* xm, const float* dm, const float* sm, int64_t K,
                     const uint8_t* panel, int64_t n0, const float* bias, float* ym, int64_t N) {
+#ifdef ROSEINFER_AVX512
+  switch (mr) {
+    case 1: tile_zmm<1, KIND>(xm, dm, sm, K, panel, n0, bias, ym, N); break;
+    case 2: tile_zmm<2, KIND>(xm, dm, sm, K, panel, n0, bias, ym, N); break;
+    case 3: tile_zmm<3, KIND>(xm, dm, sm, K, panel, n0, bias, ym, N); break;
+    case 4: tile_zmm<4, KIND>(xm, dm, sm, K, panel, n0, bias, ym, N); break;
+    case 5: tile_zmm<5, KIND>(xm, dm, sm, K, panel, n0, bias, ym, N); break;
+    case 6: tile_zmm<6, KIND>(xm, dm, sm, K, panel, n0, bias, ym, N); break;
+    case 7: tile_zmm<7, KIND>(xm, dm, sm, K, panel, n0, bias, ym, N); break;
+    default: tile_zmm<8, KIND>(xm, dm, sm, K, panel, n0, bias, ym, N); break;
+  }
+  return;
+#endif
   switch (mr) {
     case 1: tile_avx2<1, KIND>(xm, dm, sm, K, panel, n0, bias, ym, N); break;
     case 2: tile_avx2<2, KIND>(xm, dm, sm, K, panel, n0, bias, ym, N); break;
@@ -284,7 +300,7 @@ void gemm(const Q8Gemm& g, const float* x, int64_t M, const float* bias, float* 
         for (int64_t p = p0; p < p1; ++p) {
           const uint8_t* panel = wp + p * panel_bytes;
           const int64_t n0 = p * kQ8Panel;
-          for_row_tiles(c0, std::min(M, c0 + mc), 5, [&](int64_t m, int64_t mr) {
+          for_row_tiles(c0, std::min(M, c0 + mc), kTileRows, [&](int64_t m, int64_t mr) {
             const int16_t* xm = xq.get() + m * K;
             const float* dm = dx.get() + m * KB;
             const float* sm = sx.get() + m * KB;
