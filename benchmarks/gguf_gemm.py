@@ -63,6 +63,8 @@ def main() -> None:
     ap.add_argument("--shapes", default="", help="KxN,KxN (default: the 1B shapes)")
     ap.add_argument("--cpu-time", action="store_true", help="thread CPU time (needs --threads 1)")
     ap.add_argument("--rows", default="1,16,64", help="M values (rows per step), comma separated")
+    ap.add_argument("--extra-copy", action="store_true",
+                    help="with --act8: Q4_1 parts keep the int8 copy for steps of 5+ rows")
     ap.add_argument("--act8", action="store_true",
                     help="old: the stored format with int16 activations; new: act8 (int8 ones)")
     ap.add_argument("--gbs", action="store_true",
@@ -85,7 +87,8 @@ def main() -> None:
         qtype = gguf.GGMLQuantizationType[name]
         for k, n in shapes:
             raw = random_raw(qtype, n, k, rng)
-            new = make_gguf_linear([(int(qtype), torch.from_numpy(raw))], None, act8=args.act8)
+            new = make_gguf_linear([(int(qtype), torch.from_numpy(raw))], None, act8=args.act8,
+                                   extra_copy=args.extra_copy)
             if args.act8:
                 old = make_gguf_linear([(int(qtype), torch.from_numpy(raw))], None)
             else:
