@@ -202,6 +202,32 @@ static void q8_heads(const int8_t* qq, const float* qs, const int8_t* kc, const 
       for (int g = 0; g < GB; ++g) scores[g * L + b * bs + r] *= sv;
     }
   }
+#ifdef ROSEINFER_AVX512
+  // 16 output dims per register (the same FMA chain per lane: the same bits).
+  constexpr int kChunkZ = DH / 16 < 4 ? DH / 16 : 4;  // 16-dim vectors per pass
+  for (int ch = 0; ch < DH / 16; ch += kChunkZ) {
+    __m512 acc[GB][kChunkZ];
+    for (int g = 0; g < GB; ++g)
+      for (int u = 0; u < kChunkZ; ++u) acc[g][u] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nblk; ++b) {
+      const int8_t* base = rows_of(vc, b) + 16 * ch;
+      const float* pb = scores + b * bs;
+      for (int64_t r = 0, t1 = std::min(bs, L - b * bs); r < t1; ++r) {
+        const int8_t* vr = base + r * rowb;
+        __m512 p[GB];
+        for (int g = 0; g < GB; ++g) p[g] = _mm512_set1_ps(pb[g * L + r]);
+        for (int u = 0; u < kChunkZ; ++u) {
+          const __m512 vv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(vr + 16 * u))));
+          for (int g = 0; g < GB; ++g) acc[g][u] = _mm512_fmadd_ps(p[g], vv, acc[g][u]);
+        }
+      }
+    }
+    for (int g = 0; g < GB; ++g)
+      for (int u = 0; u < kChunkZ; ++u) _mm512_storeu_ps(od + g * DH + 16 * (ch + u), acc[g][u]);
+  }
+  return;
+#endif
   constexpr int kChunk = DH / 8 < 4 ? DH / 8 : 4;  // vectors per pass
   for (int ch = 0; ch < DH / 8; ch += kChunk) {
     __m256 acc[GB][kChunk];
