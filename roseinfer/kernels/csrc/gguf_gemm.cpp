@@ -177,8 +177,8 @@ void tile_q6k(const TileArgs& t) {
 #ifdef ROSEINFER_AVX512
 // tile_blocks on 512-bit registers for decoded (wide) blocks and the 4- and 8-bit
 // formats: one accumulator register per row from start to scaling, and scale_add /
-// scale_min_add's fp32 steps on the 16 columns at once (the same operations per column,
-// in the same order: the same bits).
+// scale_min_add's fp32 steps (Q6_K: tile_q6k's wide steps, per half) on the 16 columns at
+// once (the same operations per column, in the same order: the same bits).
 template <class F, int MR>
 void tile_blocks_zmm(const TileArgs& t) {
   const int16_t* const xq = t.xq;  // locals: see tile_q6k
@@ -200,6 +200,21 @@ void tile_blocks_zmm(const TileArgs& t) {
       xr[m] = xq + m * K + j * 32;
       z[m] = _mm512_set1_epi32(off ? -off * (xs[m * KH + 2 * j] + xs[m * KH + 2 * j + 1]) : 0);
     }
+    if constexpr (F::HALVES == 2) {  // Q6_K, decoded: each 16-value half scaled alone
+      for (int h = 0; h < 2; ++h) {
+        const int16_t* xh[MR];
+        for (int m = 0; m < MR; ++m) xh[m] = xr[m] + 16 * h, z[m] = _mm512_setzero_si512();
+        steps_zmm<MR, 8, Head::I16>(xh, o.qp + 512 * h, z);
+        const __m512 d = _mm512_loadu_ps(h ? o.d1 : o.d0);
+        for (int m = 0; m < MR; ++m) {
+          float* ar = acc + m * 16;
+          _mm512_storeu_ps(ar, _mm512_fmadd_ps(_mm512_cvtepi32_ps(z[m]),
+                                               _mm512_mul_ps(_mm512_set1_ps(dx[m * KB + j]), d),
+                                               _mm512_loadu_ps(ar)));
+        }
+      }
+      continue;
+    }
     if (wide) steps_zmm<MR, 16, Head::I16>(xr, o.qp, z);
     else if constexpr (F::BITS != 5) steps_zmm<MR, 16, kHead>(xr, o.qp, z);
     const __m512 d = _mm512_loadu_ps(o.d0);
@@ -217,9 +232,7 @@ void tile_blocks_zmm(const TileArgs& t) {
 template <class F, int MR>
 void tile_blocks(const TileArgs& t) {
 #ifdef ROSEINFER_AVX512
-  if constexpr (F::BITS != 6 && F::HALVES == 1) {
-    if (t.wide || F::BITS != 5) return tile_blocks_zmm<F, MR>(t);
-  }
+  if (t.wide || (F::BITS != 5 && F::BITS != 6)) return tile_blocks_zmm<F, MR>(t);
 #endif
   if constexpr (F::BITS == 6) {
     tile_q6k<MR>(t);
@@ -262,13 +275,11 @@ void tile_blocks(const TileArgs& t) {
 template <class F>
 void tile_rows(int64_t mr, const TileArgs& t) {
 #ifdef ROSEINFER_AVX512
-  if constexpr (F::BITS != 6 && F::HALVES == 1) {  // tiles of up to 8 rows (tile_max)
-    if (mr > kMaxSmallRows) {
-      if (mr == 6) tile_blocks_zmm<F, 6>(t);
-      else if (mr == 7) tile_blocks_zmm<F, 7>(t);
-      else tile_blocks_zmm<F, 8>(t);
-      return;
-    }
+  if (mr > kMaxSmallRows) {  // tiles of up to 8 rows (tile_max): the 512-bit loops
+    if (mr == 6) tile_blocks_zmm<F, 6>(t);
+    else if (mr == 7) tile_blocks_zmm<F, 7>(t);
+    else tile_blocks_zmm<F, 8>(t);
+    return;
   }
 #endif
   switch (mr) {
@@ -282,11 +293,11 @@ void tile_rows(int64_t mr, const TileArgs& t) {
 
 // Rows per register tile: 5 (the 256-bit loops' accumulators fill the 16 registers; 5
 // bits in registers: 4); with AVX-512, 8 for the loops on 512-bit registers (4- and
-// 8-bit values, decoded 5-bit blocks).
+// 8-bit values, decoded 5- and 6-bit blocks).
 template <class F>
 constexpr int64_t tile_max(bool wide) {
 #ifdef ROSEINFER_AVX512
-  if (F::BITS == 4 || F::BITS == 8 || (F::BITS == 5 && wide)) return 8;
+  if (F::BITS == 4 || F::BITS == 8 || wide) return 8;
 #endif
   return wide || F::BITS != 5 ? kMaxSmallRows : kMaxSmallRows - 1;
 }
