@@ -157,8 +157,7 @@ static void attend_heads(const float* qd, const KV* kc, const KV* vc, const int3
     for (int g = 0; g < GB; ++g)
       for (int u = 0; u < kChunkZ; ++u) _mm512_storeu_ps(od + g * DH + 16 * (ch + u), acc[g][u]);
   }
-  return;
-#endif
+#else
   constexpr int kChunk = DH / 8 < 4 ? DH / 8 : 4;  // vectors per pass
   for (int ch = 0; ch < DH / 8; ch += kChunk) {
     __m256 acc[GB][kChunk];
@@ -181,6 +180,7 @@ static void attend_heads(const float* qd, const KV* kc, const KV* vc, const int3
     for (int g = 0; g < GB; ++g)
       for (int u = 0; u < kChunk; ++u) _mm256_storeu_ps(od + g * DH + 8 * (ch + u), acc[g][u]);
   }
+#endif  // ROSEINFER_AVX512
 }
 
 // One (sequence, KV head) work item with the head dim known at compile time: its G

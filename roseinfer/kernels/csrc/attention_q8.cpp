@@ -226,8 +226,7 @@ static void q8_heads(const int8_t* qq, const float* qs, const int8_t* kc, const 
     for (int g = 0; g < GB; ++g)
       for (int u = 0; u < kChunkZ; ++u) _mm512_storeu_ps(od + g * DH + 16 * (ch + u), acc[g][u]);
   }
-  return;
-#endif
+#else
   constexpr int kChunk = DH / 8 < 4 ? DH / 8 : 4;  // vectors per pass
   for (int ch = 0; ch < DH / 8; ch += kChunk) {
     __m256 acc[GB][kChunk];
@@ -250,6 +249,7 @@ static void q8_heads(const int8_t* qq, const float* qs, const int8_t* kc, const 
     for (int g = 0; g < GB; ++g)
       for (int u = 0; u < kChunk; ++u) _mm256_storeu_ps(od + g * DH + 8 * (ch + u), acc[g][u]);
   }
+#endif  // ROSEINFER_AVX512
 }
 
 // One item's G heads in passes of up to 3 (accumulators in registers; passes only group

@@ -140,8 +140,8 @@ inline void steps_int_zmm(const int16_t* const* xr, const uint8_t* q, __m256i (&
 template <int MR, int STEPS, Head H>
 inline void steps_int(const int16_t* const* xr, const uint8_t* q, __m256i (&a)[MR][2]) {
 #ifdef ROSEINFER_AVX512
-  return steps_int_zmm<MR, STEPS, H>(xr, q, a);
-#endif
+  steps_int_zmm<MR, STEPS, H>(xr, q, a);
+#else
   int64_t s = 0;
   const uint8_t* wp = q;
   const int16_t* consts = kNibMasks;
@@ -165,6 +165,7 @@ inline void steps_int(const int16_t* const* xr, const uint8_t* q, __m256i (&a)[M
 #undef GG_B16
 #undef GG_B8
 #undef GG_B4
+#endif  // ROSEINFER_AVX512
 }
 
 // The 5-bit formats' 32-block (16 steps) for MR <= 4 rows straight from a packed panel:

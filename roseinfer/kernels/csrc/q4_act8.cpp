@@ -264,8 +264,7 @@ void tile_rows(int64_t mr, const int8_t* xm, const float* dm, const float* sm,
     case 7: tile_zmm<7, NIB, OFF>(xm, dm, sm, xsm, K, panel, n0, bias, ym, N); break;
     default: tile_zmm<8, NIB, OFF>(xm, dm, sm, xsm, K, panel, n0, bias, ym, N); break;
   }
-  return;
-#endif
+#else
   switch (mr) {
     case 1: tile<1, NIB, OFF>(xm, dm, sm, xsm, K, panel, n0, bias, ym, N); break;
     case 2: tile<2, NIB, OFF>(xm, dm, sm, xsm, K, panel, n0, bias, ym, N); break;
@@ -273,6 +272,7 @@ void tile_rows(int64_t mr, const int8_t* xm, const float* dm, const float* sm,
     case 4: tile<4, NIB, OFF>(xm, dm, sm, xsm, K, panel, n0, bias, ym, N); break;
     default: tile<5, NIB, OFF>(xm, dm, sm, xsm, K, panel, n0, bias, ym, N); break;
   }
+#endif  // ROSEINFER_AVX512
 }
 
 template <bool OFF>

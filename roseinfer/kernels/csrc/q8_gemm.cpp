@@ -266,8 +266,7 @@ void tile_avx2_rows(int64_t mr, const int16_t* xm, const float* dm, const float*
     case 7: tile_zmm<7, KIND>(xm, dm, sm, K, panel, n0, bias, ym, N); break;
     default: tile_zmm<8, KIND>(xm, dm, sm, K, panel, n0, bias, ym, N); break;
   }
-  return;
-#endif
+#else
   switch (mr) {
     case 1: tile_avx2<1, KIND>(xm, dm, sm, K, panel, n0, bias, ym, N); break;
     case 2: tile_avx2<2, KIND>(xm, dm, sm, K, panel, n0, bias, ym, N); break;
@@ -275,6 +274,7 @@ void tile_avx2_rows(int64_t mr, const int16_t* xm, const float* dm, const float*
     case 4: tile_avx2<4, KIND>(xm, dm, sm, K, panel, n0, bias, ym, N); break;
     default: tile_avx2<5, KIND>(xm, dm, sm, K, panel, n0, bias, ym, N); break;
   }
+#endif  // ROSEINFER_AVX512
 }
 #endif  // ROSEINFER_AVX2
 
