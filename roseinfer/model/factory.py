@@ -75,7 +75,7 @@ def load_model(
     net = _load(ckpt, dtype, device, linear_dtype,
                 None if quantization == "none" else (quantization, kept))
     if quantization != "none":
-        quantize_model(net, quantization, records if cache is not None else None,
+        quantize_model(net, quantization, kept,
                        track=lambda paths: progress(paths, f"converting to {quantization}",
                                                     len(paths), unit="layer"))
     if cache is not None:
