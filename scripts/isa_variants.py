@@ -7,9 +7,10 @@ on; the attention kernels have no bitwise portable twin, so this script compares
 variants with each other.  On the machine it runs on it builds each variant that the
 CPU can run (``ROSEINFER_KERNEL_CFLAGS``: ``-DROSEINFER_NO_VNNI`` for the AVX2 loops,
 ``-DROSEINFER_NO_AVX512`` for 256-bit VNNI, ``-mno-avxvnni`` for AVX-512 VNNI's
-encoding, and the native build), runs a fixed set of kernel calls in a fresh process
-per variant (attention over fp32 / fp16 / int8 caches, the int8, Q4_1, act8 and GGUF
-GEMMs at 1-64 rows) and prints one digest per variant; exit status 1 if they differ.
+encoding, ``-DROSEINFER_NO_AMX`` for the vector loops where the native build uses AMX
+tiles, and the native build), runs a fixed set of kernel calls in a fresh process per
+variant (attention over fp32 / fp16 / int8 caches, the int8, Q4_1, act8 and GGUF GEMMs
+at 1-83 rows) and prints one digest per variant; exit status 1 if they differ.
 A first build of each variant takes about a minute on two cores.
 
     .venv/bin/python -m scripts.isa_variants
@@ -31,6 +32,7 @@ VARIANTS = {
     "avx2": "-DROSEINFER_NO_VNNI",
     "vnni256": "-DROSEINFER_NO_AVX512",
     "vnni-evex": "-mno-avxvnni",
+    "no-amx": "-DROSEINFER_NO_AMX",
 }
 
 
@@ -49,6 +51,8 @@ def runnable() -> list[str]:
         names.append("vnni256")
     if "avx_vnni" in flags and "avx512_vnni" in flags and "avx512vl" in flags:
         names.append("vnni-evex")
+    if "amx_int8" in flags and "avx512_vnni" in flags:
+        names.append("no-amx")
     return names
 
 
@@ -77,7 +81,7 @@ def digest() -> str:
             out = torch.ops.roseinfer.paged_attention(q, cache, tables, rows, lens, bs,
                                                       head_dim**-0.5)
             h.update(out.numpy().tobytes())
-    x = torch.randn(64, 256, generator=gen) * 3
+    x = torch.randn(83, 256, generator=gen) * 3
     w = torch.randn(80, 256, generator=gen)
     lins = [make_linear(w, None, fp16=True, int8=True)]
     q, d, m = recover_q4_1(_q4_1(w))
@@ -93,7 +97,7 @@ def digest() -> str:
             raw[..., off:off + 2] = scale.astype(np.float16).view(np.uint8).reshape(80, -1, 2)
         lins.append(make_gguf_linear([(qtype, torch.from_numpy(raw.reshape(80, -1)))], None))
     for lin in lins:
-        for rows in (1, 2, 3, 4, 5, 7, 16, 64):
+        for rows in (1, 2, 3, 4, 5, 7, 16, 64, 83):
             h.update(lin.forward(x[:rows]).numpy().tobytes())
     return h.hexdigest()[:16]
 

@@ -5,6 +5,7 @@
 
 #include <memory>
 
+#include "gguf_amx.h"
 #include "gguf_decode.h"
 #include "gguf_row1.h"
 #include "gguf_tiles.h"
@@ -15,6 +16,11 @@ namespace roseinfer {
 namespace {
 
 constexpr int kMaxSmallRows = 5;  // rows per register tile
+#ifdef ROSEINFER_AMX
+constexpr int64_t kAmxRowsOr1 = kAmxRows;  // rows of an AMX tile (no AMX: unused)
+#else
+constexpr int64_t kAmxRowsOr1 = 1;
+#endif
 
 // This thread's decoded-block buffer of at least n blocks (reused: no allocation, no
 // page faults per call).
@@ -305,16 +311,20 @@ constexpr int64_t tile_max(bool wide) {
 // Panels [p0, p1), rows in chunks whose activations stay in L2: per panel, groups of
 // 32-blocks are decoded (8 to int16 in L1, else 32: scales and pointers), then every
 // row tile of the chunk adds their share into its accumulators (acc [chunk rows][16]).
+// lo / hi (AMX: the activations' byte planes, gguf_amx.h, or null): whole 16-row tiles
+// of each chunk run on the tiles, the other rows as below.
 template <class F>
 void panels_avx2(const GgufPanels& g, const int16_t* xq, const float* dx, const float* sx,
                  const int32_t* xs, int64_t M, int64_t p0, int64_t p1, const float* bias,
-                 float* y, int64_t ldy) {
+                 float* y, int64_t ldy, const uint8_t* lo, const int8_t* hi) {
   const int64_t K = g.K, KB = K / 32, BPS = F::E / 32;
   // 32-blocks per decoded group (multiples of 8: K % 256 == 0 for K-quants): 8 when
   // decoded to int16 (L1), else 32 (longer runs of each tile's activation rows).
   constexpr int64_t kWideGroup = 8, kGroupMax = 32;
   DBlock* blk = decode_buffer(kGroupMax);
-  const int64_t mc = std::max<int64_t>(8, (int64_t(1) << 17) / K);
+  // AMX: chunks of whole tiles (a panel is decoded once per chunk), their bytes in L2.
+  const int64_t mc = lo ? std::max<int64_t>(64, (int64_t(1) << 19) / K / kAmxRowsOr1 * kAmxRowsOr1)
+                        : std::max<int64_t>(8, (int64_t(1) << 17) / K);
   thread_local std::vector<float> acc_buf;
   if (static_cast<int64_t>(acc_buf.size()) < mc * 16 + 16) acc_buf.resize(mc * 16 + 16);
   float* acc = acc_buf.data() + (16 - reinterpret_cast<uintptr_t>(acc_buf.data()) % 64 / 4) % 16;
@@ -323,17 +333,27 @@ void panels_avx2(const GgufPanels& g, const int16_t* xq, const float* dx, const 
   // 5 bits in registers: tiles of up to 4 rows (two registers hold the running bit-4
   // words).
   constexpr int64_t kSmall = F::BITS == 5 ? kMaxSmallRows - 1 : kMaxSmallRows;
-  for (int64_t c0 = 0; c0 < M; c0 += mc) {
-    const int64_t c1 = std::min(M, c0 + mc);
+  for (int64_t c0 = 0, c1 = 0, v0 = 0; c0 < M; c0 += mc) {
+    c1 = std::min(M, c0 + mc);
+    const int64_t tiles = lo ? (c1 - c0) / kAmxRowsOr1 : 0;
+    v0 = c0 + tiles * kAmxRowsOr1;  // the vector loops' rows: [v0, c1)
     // More than one row tile of a 5- or 6-bit format: decode the integers to int16 once
     // for all of them (the same integers as widening them in registers per tile).
-    const bool wide = (F::BITS == 5 || F::BITS == 6) && c1 - c0 > kSmall;
+    const bool wide = (F::BITS == 5 || F::BITS == 6) && c1 - v0 > kSmall;
     const int64_t kGroup = wide ? kWideGroup : kGroupMax;
     const int64_t kGroupBytes = kGroup / (F::E / 32) * F::kPanel;
     for (int64_t p = p0; p < p1; ++p) {
       const uint8_t* panel = base + p * panel_bytes;
       const int64_t n0 = p * 16, nc = std::min<int64_t>(16, g.N - n0);
-      std::fill(acc, acc + (c1 - c0) * 16, 0.f);
+#ifdef ROSEINFER_AMX
+      if (tiles) {
+        if constexpr (F::HALVES == 1)
+          panel_amx<F>(panel, tiles, lo + c0 * K, hi + c0 * K, dx + c0 * KB, sx + c0 * KB, K, n0,
+                       nc, bias, y + c0 * ldy, ldy);
+      }
+#endif
+      if (v0 == c1) continue;
+      std::fill(acc, acc + (c1 - v0) * 16, 0.f);
       for (int64_t j0 = 0; j0 < KB; j0 += kGroup) {
         const int64_t nb = std::min(kGroup, KB - j0);
         for (int64_t b = 0; b < nb; ++b) {
@@ -343,14 +363,14 @@ void panels_avx2(const GgufPanels& g, const int16_t* xq, const float* dx, const 
         // The next group's bytes (the next panel's after the last group), spread over
         // the first tile's blocks.
         const uint8_t* next = panel + (j0 / BPS) * F::kPanel + kGroupBytes;
-        for_row_tiles(c0, c1, tile_max<F>(wide), [&](int64_t m, int64_t mr) {
+        for_row_tiles(v0, c1, tile_max<F>(wide), [&](int64_t m, int64_t mr) {
           const TileArgs t{xq + m * K, dx + m * KB, sx + m * KB, xs ? xs + m * (K / 16) : nullptr,
-                           K, blk, j0, nb, acc + (m - c0) * 16, wide, m == c0 ? next : nullptr,
+                           K, blk, j0, nb, acc + (m - v0) * 16, wide, m == v0 ? next : nullptr,
                            (kGroupBytes / nb + 63) / 64 * 64};
           tile_rows<F>(mr, t);
         });
       }
-      store_tile(acc, c1 - c0, n0, nc, bias, y + c0 * ldy, ldy);
+      store_tile(acc, c1 - v0, n0, nc, bias, y + v0 * ldy, ldy);
     }
   }
 }
@@ -372,11 +392,28 @@ void run_format(const GgufPanels& g, const int16_t* xq, const float* dx, const f
       xs[i] = t;
     }
   }
+  // AMX (steps of many rows, one scale per 32-block): the activations' byte planes.
+  std::vector<uint8_t> lo;
+  std::vector<int8_t> hi;
+#ifdef ROSEINFER_AMX
+  const bool amx = !portable && F::HALVES == 1 && M >= kAmxMinRows && amx_permitted();
+  if (amx) {
+    lo.resize(M * g.K);
+    hi.resize(M * g.K);
+    split_bytes(xq, M * g.K, lo.data(), hi.data());
+  }
+#endif
   at::parallel_for(0, NP, grain, [&](int64_t p0, int64_t p1) {
 #ifdef ROSEINFER_AVX2
     const int32_t* xsp = xs.empty() ? nullptr : xs.data();
     if (!portable && M == 1) return row1<F>(g, xq, dx, sx, xsp, p0, p1, bias, y, ldy);
-    if (!portable) return panels_avx2<F>(g, xq, dx, sx, xsp, M, p0, p1, bias, y, ldy);
+#ifdef ROSEINFER_AMX
+    std::unique_ptr<TileScope> tiles_on;
+    if (amx) tiles_on = std::make_unique<TileScope>(gguf_tile_config());
+#endif
+    if (!portable)
+      return panels_avx2<F>(g, xq, dx, sx, xsp, M, p0, p1, bias, y, ldy,
+                            lo.empty() ? nullptr : lo.data(), hi.empty() ? nullptr : hi.data());
 #endif
     panels_scalar<F>(g, xq, dx, sx, M, p0, p1, bias, y, ldy);
   });

@@ -7,29 +7,20 @@
 #include <memory>
 
 #include "act_quant.h"
+#include "q4_act8_amx.h"
 #include "q8_tiles.h"
 
 namespace roseinfer {
 
 namespace {
 
-constexpr int64_t kStepBytes = 64;                              // 16 columns x 4 k
-constexpr int64_t kBytesScale = 8 * kStepBytes;                 // fp32 d, then fp32 m
-constexpr int64_t kBytesBlock = kBytesScale + 8 * kQ8Panel;     // 640 (Q4_0: 576, no m)
-constexpr int64_t kNibStep = 32;                                // 64 nibbles
-constexpr int64_t kNibScale = 8 * kNibStep;                     // fp16 d, then fp16 m
-constexpr int64_t kNibBlock = kNibScale + 4 * kQ8Panel;         // 320 (Q4_0: 288, no m)
+using namespace act8;  // the layout's constants
 constexpr int64_t kNibMaxRows = 4;  // up to this many rows read the nibbles
 #ifdef ROSEINFER_AVX512
 constexpr int64_t kTileRows = 8;  // rows per register tile (32 registers)
 #else
 constexpr int64_t kTileRows = 5;
 #endif
-
-// Bytes of one packed block: Q4_0 (offset 8) stores no minimums.
-constexpr int64_t block_bytes(bool nib, bool mins) {
-  return nib ? kNibBlock - (mins ? 0 : 2 * kQ8Panel) : kBytesBlock - (mins ? 0 : 4 * kQ8Panel);
-}
 
 // Byte of weight (column c, k) in a block of the bytes layout.
 inline int64_t byte_of(int c, int k) {
@@ -178,6 +169,7 @@ void tile_zmm(const int8_t* xq, const float* dx, const float* sx, const int32_t*
   store_tile(out, MR, n0, std::min<int64_t>(kQ8Panel, N - n0), bias, y, N);
 }
 #endif  // ROSEINFER_AVX512
+
 
 template <int MR, bool NIB>
 inline void block_int(const int8_t* const* xr, const uint8_t* wp, __m256i (&a)[MR][2]) {
@@ -346,14 +338,36 @@ void gemm_q4_act8(const uint8_t* bytes, const uint8_t* nibbles, int64_t N, int64
   const int64_t panel_bytes = KB * block_bytes(nib, offset == 0);
   const int64_t mc = std::max<int64_t>(8, (int64_t(1) << 18) / K);  // ~256 KB of rows
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 17) / (M * K * kQ8Panel));
+#ifdef ROSEINFER_AMX
+  // Steps of many rows: whole 16-row tiles of each chunk on AMX, the rest on vectors.
+  const bool amx = !portable && M >= kAmxMinRows && amx_permitted();
+#endif
   at::parallel_for(0, NP, grain, [&](int64_t p0, int64_t p1) {
 #ifdef ROSEINFER_AVX2
     if (!portable) {
+#ifdef ROSEINFER_AMX
+      std::unique_ptr<TileScope> tiles_on;
+      if (amx) tiles_on = std::make_unique<TileScope>(act8_tiles());
+#endif
       for (int64_t c0 = 0; c0 < M; c0 += mc) {
+        const int64_t c1 = std::min(M, c0 + mc);
         for (int64_t p = p0; p < p1; ++p) {
           const uint8_t* panel = wp + p * panel_bytes;
           const int64_t n0 = p * kQ8Panel;
-          for_row_tiles(c0, std::min(M, c0 + mc), kTileRows, [&](int64_t m, int64_t mr) {
+          int64_t v0 = c0;  // the vector loops' first row
+#ifdef ROSEINFER_AMX
+          if (amx) {
+            const int64_t tiles = (c1 - c0) / kAmxRows;
+            const int8_t* xc = xq.get() + c0 * K;
+            const float *dc = dx.get() + c0 * KB, *sc = sx.get() + c0 * KB;
+            if (offset)
+              panel_amx<true>(nib, tiles, xc, dc, sc, xs.get() + c0 * KB, K, panel, n0, bias, y + c0 * N, N);
+            else
+              panel_amx<false>(nib, tiles, xc, dc, sc, nullptr, K, panel, n0, bias, y + c0 * N, N);
+            v0 = c0 + tiles * kAmxRows;
+          }
+#endif
+          for_row_tiles(v0, c1, kTileRows, [&](int64_t m, int64_t mr) {
             const int8_t* xm = xq.get() + m * K;
             const float* dm = dx.get() + m * KB;
             const float* sm = sx.get() + m * KB;

@@ -1,0 +1,151 @@
+// q4_act8.h's GEMM on AMX tiles for 16-row tiles of steps of many rows: per block one
+// tile product (tdpbsud: the int8 activations against the unsigned weights in the
+// bytes layout, which is the tiles' layout; nibble panels widened once per chunk) gives
+// the block's exact int32 dots, the integers of the vector loops; then each block's fp32
+// steps as tile_zmm's (q4_act8.cpp), in block order: the same bits.
+#pragma once
+
+#include <vector>
+
+#include "amx.h"
+#include "q4_act8_layout.h"
+#include "q8_tiles.h"
+
+namespace roseinfer {
+namespace act8 {
+
+#ifdef ROSEINFER_AMX
+// AMX: 16 rows x one panel per tile product.  Registers: 0 / 1 the int32 dots of an
+// even / odd block (16 rows x 16 columns), 2 / 3 its activations (16 rows x 32 int8),
+// 4 / 5 its weights (8 steps x the bytes layout's 64 bytes: 16 columns x 4 unsigned).
+inline TileConfig act8_tiles() {
+  TileConfig c;
+  return c.tile(0, 16, 64).tile(1, 16, 64).tile(2, 16, 32).tile(3, 16, 32).tile(4, 8, 64).tile(5, 8, 64);
+}
+
+// A nibble panel's weights in the bytes layout (512 bytes per block, block_int_zmm's
+// regrouping) at out.
+template <bool OFF>
+void widen_panel(const uint8_t* panel, int64_t KB, uint8_t* out) {
+  const __m512i nib = _mm512_set1_epi8(15);
+  for (int64_t j = 0; j < KB; ++j) {
+    const uint8_t* blk = panel + j * block_bytes(true, !OFF);
+    for (int s = 0; s < 8; s += 2) {
+      const __m512i v = _mm512_loadu_si512(blk + kNibStep * s);
+      const __m512i lo = _mm512_and_si512(v, nib);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+      _mm512_storeu_si512(out + j * 512 + kStepBytes * s, _mm512_shuffle_i64x2(lo, hi, 0x44));
+      _mm512_storeu_si512(out + j * 512 + kStepBytes * s + kStepBytes, _mm512_shuffle_i64x2(lo, hi, 0xEE));
+    }
+  }
+}
+
+// tile_zmm's fp32 steps for 16 rows (acc: 16 x 16 fp32, row-major), the block's dots
+// at cb (16 x 16 int32).
+template <bool NIB, bool OFF>
+inline void block_scales(const uint8_t* blk, __m512& dw, __m512& mw) {
+  mw = _mm512_setzero_ps();
+  if constexpr (NIB) {
+    const __m256i* hp = reinterpret_cast<const __m256i*>(blk + kNibScale);
+    dw = _mm512_cvtph_ps(_mm256_loadu_si256(hp));
+    if constexpr (!OFF) mw = _mm512_cvtph_ps(_mm256_loadu_si256(hp + 1));
+  } else {
+    const float* fp = reinterpret_cast<const float*>(blk + kBytesScale);
+    dw = _mm512_loadu_ps(fp);
+    if constexpr (!OFF) mw = _mm512_loadu_ps(fp + 16);
+  }
+}
+
+// tile_zmm's fp32 steps for 16 rows, the block's dots at cb (16 x 16 int32); dw / mw:
+// the block's weight scales.
+template <bool OFF>
+inline void scale16(const int32_t* cb, __m512 dw, __m512 mw, const float* dx, const float* sx,
+                    const int32_t* xs, int64_t KB, int64_t j, __m512 (&acc)[kAmxRows]) {
+#pragma GCC unroll 16
+  for (int m = 0; m < kAmxRows; ++m) {  // unrolled: acc stays in registers
+    const __m512 d = _mm512_set1_ps(dx[m * KB + j]);
+    const __m512i z = _mm512_load_si512(cb + 16 * m);
+    if constexpr (OFF) {
+      const __m512i dot = _mm512_add_epi32(z, _mm512_set1_epi32(-8 * xs[m * KB + j]));
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, dw), acc[m]);
+    } else {
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(z), _mm512_mul_ps(d, dw), acc[m]);
+      acc[m] = _mm512_fmadd_ps(_mm512_set1_ps(sx[m * KB + j]), mw, acc[m]);
+    }
+  }
+}
+
+// Rows [0, 16) x one panel (w: its first block; wt: its weights as tiles, 512 bytes a
+// block at stride wts) into y (+ bias): each block's exact dots from one tile product,
+// then tile_zmm's fp32 steps.  Software-pipelined by pairs of blocks: the next pair's
+// products run while this pair is scaled, and are stored after that (a tile store
+// holds back the loads after it).
+template <bool NIB, bool OFF>
+void tile_amx(const int8_t* xq, const float* dx, const float* sx, const int32_t* xs, int64_t K,
+              const uint8_t* w, const uint8_t* wt, int64_t wts, int64_t n0, const float* bias,
+              float* y, int64_t N) {
+  const int64_t KB = K / kQ8Block, bb = block_bytes(NIB, !OFF);
+  alignas(64) int32_t cb[2][256];
+  const auto dots = [&](int64_t j) {  // blocks j, j + 1 (if any) into tiles 0, 1
+    RI_TILE_ZERO(0);
+    RI_TILE_LOAD(2, xq + j * kQ8Block, K);
+    RI_TILE_LOAD(4, wt + j * wts, 64);
+    RI_TDP(tdpbsud, 0, 2, 4);
+    if (j + 1 < KB) {
+      RI_TILE_ZERO(1);
+      RI_TILE_LOAD(3, xq + (j + 1) * kQ8Block, K);
+      RI_TILE_LOAD(5, wt + (j + 1) * wts, 64);
+      RI_TDP(tdpbsud, 1, 3, 5);
+    }
+  };
+  const auto store = [&](int64_t j) {
+    RI_TILE_STORE(0, cb[0]);
+    if (j + 1 < KB) RI_TILE_STORE(1, cb[1]);
+  };
+  tile_barrier();  // the weights and activations the tiles load are written
+  __m512 acc[kAmxRows];
+#pragma GCC unroll 16
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  dots(0);
+  store(0);
+  for (int64_t j = 0; j < KB; j += 2) {
+    __m512 dw[2], mw[2];
+    block_scales<NIB, OFF>(w + j * bb, dw[0], mw[0]);
+    if (j + 1 < KB) block_scales<NIB, OFF>(w + (j + 1) * bb, dw[1], mw[1]);
+    if (j + 2 < KB) dots(j + 2);
+    scale16<OFF>(cb[0], dw[0], mw[0], dx, sx, xs, KB, j, acc);
+    if (j + 1 < KB) scale16<OFF>(cb[1], dw[1], mw[1], dx, sx, xs, KB, j + 1, acc);
+    if (j + 2 < KB) store(j + 2);
+  }
+  alignas(64) float out[kAmxRows * kQ8Panel];
+#pragma GCC unroll 16
+  for (int m = 0; m < kAmxRows; ++m) _mm512_store_ps(out + m * kQ8Panel, acc[m]);
+  store_tile(out, kAmxRows, n0, std::min<int64_t>(kQ8Panel, N - n0), bias, y, N);
+}
+
+// Rows [0, 16 * tiles) of a chunk x panel p (see gemm_q4_act8) on the tiles; nibble
+// panels widened once into this thread's buffer for all of them.
+template <bool OFF>
+void panel_amx(bool nib, int64_t tiles, const int8_t* xq, const float* dx, const float* sx,
+               const int32_t* xs, int64_t K, const uint8_t* panel, int64_t n0,
+               const float* bias, float* y, int64_t N) {
+  const int64_t KB = K / kQ8Block;
+  const uint8_t* wt = panel;
+  int64_t wts = block_bytes(false, !OFF);
+  if (nib) {
+    thread_local std::vector<uint8_t> buf;
+    if (static_cast<int64_t>(buf.size()) < KB * 512) buf.resize(KB * 512);
+    widen_panel<OFF>(panel, KB, buf.data());
+    wt = buf.data(), wts = 512;
+  }
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t m = t * kAmxRows;
+    const int32_t* xsm = OFF ? xs + m * KB : nullptr;
+    if (nib) tile_amx<true, OFF>(xq + m * K, dx + m * KB, sx + m * KB, xsm, K, panel, wt, wts, n0, bias, y + m * N, N);
+    else tile_amx<false, OFF>(xq + m * K, dx + m * KB, sx + m * KB, xsm, K, panel, wt, wts, n0, bias, y + m * N, N);
+  }
+}
+#endif  // ROSEINFER_AMX
+
+}  // namespace act8
+}  // namespace roseinfer
