@@ -17,6 +17,9 @@
 
 namespace roseinfer {
 
+constexpr int64_t kAmxRows = 16;     // rows of a tile product
+constexpr int64_t kAmxMinRows = 48;  // fewer rows per step: the vector loops are as fast
+
 #ifdef ROSEINFER_AMX
 // Whether this process may use the tiles: Linux hands out the tile data state on
 // request (arch_prctl ARCH_REQ_XCOMP_PERM, once per process); false where it refuses
@@ -28,9 +31,6 @@ inline bool amx_permitted() {
   }();
   return ok;
 }
-
-constexpr int64_t kAmxRows = 16;     // rows of a tile product
-constexpr int64_t kAmxMinRows = 48;  // fewer rows per step: the vector loops are as fast
 
 // The tile registers' shapes (palette 1): rows x bytes per row of each register.
 struct alignas(64) TileConfig {

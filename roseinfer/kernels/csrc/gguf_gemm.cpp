@@ -16,11 +16,6 @@ namespace roseinfer {
 namespace {
 
 constexpr int kMaxSmallRows = 5;  // rows per register tile
-#ifdef ROSEINFER_AMX
-constexpr int64_t kAmxRowsOr1 = kAmxRows;  // rows of an AMX tile (no AMX: unused)
-#else
-constexpr int64_t kAmxRowsOr1 = 1;
-#endif
 
 // This thread's decoded-block buffer of at least n blocks (reused: no allocation, no
 // page faults per call).
@@ -323,7 +318,7 @@ void panels_avx2(const GgufPanels& g, const int16_t* xq, const float* dx, const 
   constexpr int64_t kWideGroup = 8, kGroupMax = 32;
   DBlock* blk = decode_buffer(kGroupMax);
   // AMX: chunks of whole tiles (a panel is decoded once per chunk), their bytes in L2.
-  const int64_t mc = lo ? std::max<int64_t>(64, (int64_t(1) << 19) / K / kAmxRowsOr1 * kAmxRowsOr1)
+  const int64_t mc = lo ? std::max<int64_t>(64, (int64_t(1) << 19) / K / kAmxRows * kAmxRows)
                         : std::max<int64_t>(8, (int64_t(1) << 17) / K);
   thread_local std::vector<float> acc_buf;
   if (static_cast<int64_t>(acc_buf.size()) < mc * 16 + 16) acc_buf.resize(mc * 16 + 16);
@@ -333,10 +328,10 @@ void panels_avx2(const GgufPanels& g, const int16_t* xq, const float* dx, const 
   // 5 bits in registers: tiles of up to 4 rows (two registers hold the running bit-4
   // words).
   constexpr int64_t kSmall = F::BITS == 5 ? kMaxSmallRows - 1 : kMaxSmallRows;
-  for (int64_t c0 = 0, c1 = 0, v0 = 0; c0 < M; c0 += mc) {
-    c1 = std::min(M, c0 + mc);
-    const int64_t tiles = lo ? (c1 - c0) / kAmxRowsOr1 : 0;
-    v0 = c0 + tiles * kAmxRowsOr1;  // the vector loops' rows: [v0, c1)
+  for (int64_t c0 = 0; c0 < M; c0 += mc) {
+    const int64_t c1 = std::min(M, c0 + mc);
+    const int64_t tiles = lo ? (c1 - c0) / kAmxRows : 0;
+    const int64_t v0 = c0 + tiles * kAmxRows;  // the vector loops' rows: [v0, c1)
     // More than one row tile of a 5- or 6-bit format: decode the integers to int16 once
     // for all of them (the same integers as widening them in registers per tile).
     const bool wide = (F::BITS == 5 || F::BITS == 6) && c1 - v0 > kSmall;

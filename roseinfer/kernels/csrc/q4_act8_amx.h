@@ -40,8 +40,7 @@ void widen_panel(const uint8_t* panel, int64_t KB, uint8_t* out) {
   }
 }
 
-// tile_zmm's fp32 steps for 16 rows (acc: 16 x 16 fp32, row-major), the block's dots
-// at cb (16 x 16 int32).
+// A block's weight scales d (and minimums m) for its 16 columns.
 template <bool NIB, bool OFF>
 inline void block_scales(const uint8_t* blk, __m512& dw, __m512& mw) {
   mw = _mm512_setzero_ps();
@@ -141,8 +140,8 @@ void panel_amx(bool nib, int64_t tiles, const int8_t* xq, const float* dx, const
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t m = t * kAmxRows;
     const int32_t* xsm = OFF ? xs + m * KB : nullptr;
-    if (nib) tile_amx<true, OFF>(xq + m * K, dx + m * KB, sx + m * KB, xsm, K, panel, wt, wts, n0, bias, y + m * N, N);
-    else tile_amx<false, OFF>(xq + m * K, dx + m * KB, sx + m * KB, xsm, K, panel, wt, wts, n0, bias, y + m * N, N);
+    const auto run = nib ? tile_amx<true, OFF> : tile_amx<false, OFF>;
+    run(xq + m * K, dx + m * KB, sx + m * KB, xsm, K, panel, wt, wts, n0, bias, y + m * N, N);
   }
 }
 #endif  // ROSEINFER_AMX
