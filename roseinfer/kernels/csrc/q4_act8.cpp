@@ -143,33 +143,17 @@ void tile_zmm(const int8_t* xq, const float* dx, const float* sx, const int32_t*
     }
     const uint8_t* blk = w + j * block_bytes(NIB, !OFF);
     block_int_zmm<MR, NIB>(xr, blk, z);
-    __m512 dw, mw = _mm512_setzero_ps();
-    if constexpr (NIB) {
-      const __m256i* hp = reinterpret_cast<const __m256i*>(blk + kNibScale);
-      dw = _mm512_cvtph_ps(_mm256_loadu_si256(hp));
-      if constexpr (!OFF) mw = _mm512_cvtph_ps(_mm256_loadu_si256(hp + 1));
-    } else {
-      const float* fp = reinterpret_cast<const float*>(blk + kBytesScale);
-      dw = _mm512_loadu_ps(fp);
-      if constexpr (!OFF) mw = _mm512_loadu_ps(fp + 16);
-    }
-    for (int m = 0; m < MR; ++m) {
-      const __m512 d = _mm512_set1_ps(dx[m * KB + j]);
-      if constexpr (OFF) {
-        const __m512i dot = _mm512_add_epi32(z[m], _mm512_set1_epi32(-8 * xs[m * KB + j]));
-        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, dw), acc[m]);
-      } else {
-        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(z[m]), _mm512_mul_ps(d, dw), acc[m]);
-        acc[m] = _mm512_fmadd_ps(_mm512_set1_ps(sx[m * KB + j]), mw, acc[m]);
-      }
-    }
+    __m512 dw, mw;
+    block_scales<NIB, OFF>(blk, dw, mw);
+    for (int m = 0; m < MR; ++m)
+      acc[m] = block_step<OFF>(acc[m], z[m], dx[m * KB + j], sx[m * KB + j],
+                               OFF ? xs[m * KB + j] : 0, dw, mw);
   }
   alignas(64) float out[MR * kQ8Panel];
   for (int m = 0; m < MR; ++m) _mm512_store_ps(out + m * kQ8Panel, acc[m]);
   store_tile(out, MR, n0, std::min<int64_t>(kQ8Panel, N - n0), bias, y, N);
 }
 #endif  // ROSEINFER_AVX512
-
 
 template <int MR, bool NIB>
 inline void block_int(const int8_t* const* xr, const uint8_t* wp, __m256i (&a)[MR][2]) {

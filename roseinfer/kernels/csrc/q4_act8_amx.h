@@ -40,38 +40,15 @@ void widen_panel(const uint8_t* panel, int64_t KB, uint8_t* out) {
   }
 }
 
-// A block's weight scales d (and minimums m) for its 16 columns.
-template <bool NIB, bool OFF>
-inline void block_scales(const uint8_t* blk, __m512& dw, __m512& mw) {
-  mw = _mm512_setzero_ps();
-  if constexpr (NIB) {
-    const __m256i* hp = reinterpret_cast<const __m256i*>(blk + kNibScale);
-    dw = _mm512_cvtph_ps(_mm256_loadu_si256(hp));
-    if constexpr (!OFF) mw = _mm512_cvtph_ps(_mm256_loadu_si256(hp + 1));
-  } else {
-    const float* fp = reinterpret_cast<const float*>(blk + kBytesScale);
-    dw = _mm512_loadu_ps(fp);
-    if constexpr (!OFF) mw = _mm512_loadu_ps(fp + 16);
-  }
-}
-
 // tile_zmm's fp32 steps for 16 rows, the block's dots at cb (16 x 16 int32); dw / mw:
 // the block's weight scales.
 template <bool OFF>
 inline void scale16(const int32_t* cb, __m512 dw, __m512 mw, const float* dx, const float* sx,
                     const int32_t* xs, int64_t KB, int64_t j, __m512 (&acc)[kAmxRows]) {
 #pragma GCC unroll 16
-  for (int m = 0; m < kAmxRows; ++m) {  // unrolled: acc stays in registers
-    const __m512 d = _mm512_set1_ps(dx[m * KB + j]);
-    const __m512i z = _mm512_load_si512(cb + 16 * m);
-    if constexpr (OFF) {
-      const __m512i dot = _mm512_add_epi32(z, _mm512_set1_epi32(-8 * xs[m * KB + j]));
-      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, dw), acc[m]);
-    } else {
-      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(z), _mm512_mul_ps(d, dw), acc[m]);
-      acc[m] = _mm512_fmadd_ps(_mm512_set1_ps(sx[m * KB + j]), mw, acc[m]);
-    }
-  }
+  for (int m = 0; m < kAmxRows; ++m)  // unrolled: acc stays in registers
+    acc[m] = block_step<OFF>(acc[m], _mm512_load_si512(cb + 16 * m), dx[m * KB + j],
+                             sx[m * KB + j], OFF ? xs[m * KB + j] : 0, dw, mw);
 }
 
 // Rows [0, 16) x one panel (w: its first block; wt: its weights as tiles, 512 bytes a

@@ -19,5 +19,36 @@ constexpr int64_t block_bytes(bool nib, bool mins) {
   return nib ? kNibBlock - (mins ? 0 : 2 * kQ8Panel) : kBytesBlock - (mins ? 0 : 4 * kQ8Panel);
 }
 
+#ifdef ROSEINFER_AVX512
+// A block's weight scales d (and minimums m; zero for Q4_0) of its 16 columns.
+template <bool NIB, bool OFF>
+inline void block_scales(const uint8_t* blk, __m512& dw, __m512& mw) {
+  mw = _mm512_setzero_ps();
+  if constexpr (NIB) {
+    const __m256i* hp = reinterpret_cast<const __m256i*>(blk + kNibScale);
+    dw = _mm512_cvtph_ps(_mm256_loadu_si256(hp));
+    if constexpr (!OFF) mw = _mm512_cvtph_ps(_mm256_loadu_si256(hp + 1));
+  } else {
+    const float* fp = reinterpret_cast<const float*>(blk + kBytesScale);
+    dw = _mm512_loadu_ps(fp);
+    if constexpr (!OFF) mw = _mm512_loadu_ps(fp + 16);
+  }
+}
+
+// One row's fp32 steps for a block on 16 columns (q4_act8.h): z the block's exact dots
+// with q, d / s / t the row's dx, sx and exact activation sum for the block.
+template <bool OFF>
+inline __m512 block_step(__m512 acc, __m512i z, float d, float s, int32_t t, __m512 dw,
+                         __m512 mw) {
+  const __m512 dd = _mm512_set1_ps(d);
+  if constexpr (OFF) {  // Q4_0: the dots with q - 8
+    const __m512i dot = _mm512_add_epi32(z, _mm512_set1_epi32(-8 * t));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dd, dw), acc);
+  }
+  acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(z), _mm512_mul_ps(dd, dw), acc);
+  return _mm512_fmadd_ps(_mm512_set1_ps(s), mw, acc);
+}
+#endif  // ROSEINFER_AVX512
+
 }  // namespace act8
 }  // namespace roseinfer
