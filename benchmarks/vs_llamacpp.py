@@ -4,7 +4,9 @@ For each round (rounds interleave, so drift hits both sides alike) this runs, ea
 a fresh process:
 
 * ours: ``roseinfer bench throughput`` on ``--ours`` (decode at every batch size,
-  prompt ``--prompt-len``, ``--gen-len`` new tokens; then one ``--prefill-len`` prompt),
+  prompt ``--prompt-len``, ``--gen-len`` new tokens, a token budget that prefills every
+  prompt in one step as llama-batched-bench does; then one ``--prefill-len`` prompt
+  with the default budget),
   which also prints the read bandwidth and batch 1's share of the one-stream limit;
 * llama.cpp: ``llama-batched-bench`` on every ``--llama`` file (the same batch sizes,
   prompt and new tokens: S_TG is its decode tok/s; then ``-npp <prefill-len> -ntg 1``:
@@ -33,14 +35,16 @@ from roseinfer.bench.cpu_info import cpu_flags
 
 
 def run_ours(model: str | None, args: argparse.Namespace, batches: list[int], prompt: int,
-             gen: int, bandwidth: bool) -> dict[str, Any]:
-    """One ``roseinfer bench throughput`` process; its JSON output."""
+             gen: int, bandwidth: bool, budget: int | None = None) -> dict[str, Any]:
+    """One ``roseinfer bench throughput`` process (``budget``: its token budget per
+    step, else the engine's default); its JSON output."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "tp.json"
         cmd = [sys.executable, "-m", "roseinfer.cli", "bench", "throughput",
                "--num-threads", str(args.threads), "--batch-sizes", *map(str, batches),
                "--prompt-len", str(prompt), "--gen-len", str(gen), "--output", str(out),
                *(["--model", model] if model else []), *([] if bandwidth else ["--no-bandwidth"]),
+               *(["--max-num-batched-tokens", str(budget)] if budget else []),
                *args.ours_args]
         subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=args.timeout)
         return json.loads(out.read_text())
@@ -48,7 +52,11 @@ def run_ours(model: str | None, args: argparse.Namespace, batches: list[int], pr
 
 def ours_round(args: argparse.Namespace) -> dict[str, float]:
     row: dict[str, float] = {}
-    tp = run_ours(args.ours, args, args.batch_sizes, args.prompt_len, args.gen_len, True)
+    # Every prompt prefilled in one step, as llama-batched-bench does before it decodes:
+    # with the default budget (256 tokens) batch 64's 32 prefill steps outlast 32 new
+    # tokens, the first sequences finish early, and no step decodes all 64.
+    budget = max(256, max(args.batch_sizes) * args.prompt_len)
+    tp = run_ours(args.ours, args, args.batch_sizes, args.prompt_len, args.gen_len, True, budget)
     for r in tp["results"]:
         row[f"b{r['batch_size']}"] = r["decode_tok_s"]
     bw = tp.get("bandwidth") or {}

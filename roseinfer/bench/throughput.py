@@ -8,7 +8,9 @@ every step is timed on its own:
   their time: the steady state, what llama-batched-bench's S_TG measures (B sequences
   decoding in lockstep).  The prompts' last chunks finish at different steps, so the
   first sequences finish first and the last steps run fewer than B rows; those count
-  only when no step had all B (``max_num_seqs`` < B);
+  only when no step had all B (``max_num_seqs`` < B, or a token budget so small that
+  the first sequences finish before the last prompt is in: batch 64 x 128 tokens takes
+  32 steps of 256, so G = 32 needs ``--max-num-batched-tokens 8192`` for a full batch);
 * output tok/s = B * G / wall time, total tok/s = B * (P + G) / wall time.
 
 ``--compare-hf`` runs HF transformers ``generate`` on the same prompts in the same
