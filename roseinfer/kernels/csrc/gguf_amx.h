@@ -3,13 +3,14 @@
 // int8 in the tiles' layout: row k/4, column c's four values at 4c), the int16
 // activations split into bytes (x = 256 hi + lo, lo unsigned, hi signed), and per block
 // two tile products give the exact int32 dots: dot = 256 * (hi . v) + (lo . v), the
-// integers of the vector loops.  Then each block's fp32 steps as tile_blocks_zmm's
-// (decoded blocks, in block order): the same bits.  Formats with one scale per
+// integers of the vector loops.  Then each block's fp32 steps, block_step (gguf_tiles.h)
+// as in tile_blocks_zmm, in block order: the same bits.  Formats with one scale per
 // 32-block (not Q6_K, whose 16-value halves stay on the vector loops).
 #pragma once
 
 #include "amx.h"
 #include "gguf_decode.h"
+#include "gguf_tiles.h"
 #include "q8_tiles.h"
 
 namespace roseinfer {
@@ -116,14 +117,13 @@ void tile_amx(const uint8_t* lo, const int8_t* hi, const float* dx, const float*
   store();
   for (int64_t j = 0; j < KB; ++j) {
     const __m512 d = _mm512_loadu_ps(w.d.data() + j * 16);
-    const __m512 mn = MIN ? _mm512_loadu_ps(w.m.data() + j * 16) : _mm512_setzero_ps();
+    const __m512 mn = MIN ? _mm512_loadu_ps(w.m.data() + j * 16) : d;
     if (j + 1 < KB) dots(j + 1);
 #pragma GCC unroll 16
     for (int m = 0; m < kAmxRows; ++m) {  // unrolled: acc stays in registers
       const __m512i z = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(cb[1] + 16 * m), 8),
                                          _mm512_load_si512(cb[0] + 16 * m));
-      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(z), _mm512_mul_ps(_mm512_set1_ps(dx[m * KB + j]), d), acc[m]);
-      if constexpr (MIN) acc[m] = _mm512_fmadd_ps(_mm512_set1_ps(sx[m * KB + j]), mn, acc[m]);
+      acc[m] = block_step<MIN>(acc[m], z, dx[m * KB + j], MIN ? sx[m * KB + j] : 0.f, d, mn);
     }
     if (j + 1 < KB) store();
   }

@@ -207,25 +207,19 @@ void tile_blocks_zmm(const TileArgs& t) {
         for (int m = 0; m < MR; ++m) xh[m] = xr[m] + 16 * h, z[m] = _mm512_setzero_si512();
         steps_zmm<MR, 8, Head::I16>(xh, o.qp + 512 * h, z);
         const __m512 d = _mm512_loadu_ps(h ? o.d1 : o.d0);
-        for (int m = 0; m < MR; ++m) {
-          float* ar = acc + m * 16;
-          _mm512_storeu_ps(ar, _mm512_fmadd_ps(_mm512_cvtepi32_ps(z[m]),
-                                               _mm512_mul_ps(_mm512_set1_ps(dx[m * KB + j]), d),
-                                               _mm512_loadu_ps(ar)));
-        }
+        for (int m = 0; m < MR; ++m)
+          _mm512_storeu_ps(acc + m * 16, block_step<false>(_mm512_loadu_ps(acc + m * 16), z[m],
+                                                           dx[m * KB + j], 0.f, d, d));
       }
       continue;
     }
     if (wide) steps_zmm<MR, 16, Head::I16>(xr, o.qp, z);
     else if constexpr (F::BITS != 5) steps_zmm<MR, 16, kHead>(xr, o.qp, z);
     const __m512 d = _mm512_loadu_ps(o.d0);
-    for (int m = 0; m < MR; ++m) {
-      float* ar = acc + m * 16;
-      __m512 r = _mm512_fmadd_ps(_mm512_cvtepi32_ps(z[m]), _mm512_mul_ps(_mm512_set1_ps(dx[m * KB + j]), d),
-                                 _mm512_loadu_ps(ar));
-      if constexpr (F::kMin) r = _mm512_fmadd_ps(_mm512_set1_ps(sx[m * KB + j]), _mm512_loadu_ps(o.m), r);
-      _mm512_storeu_ps(ar, r);
-    }
+    const __m512 mn = F::kMin ? _mm512_loadu_ps(o.m) : d;
+    for (int m = 0; m < MR; ++m)
+      _mm512_storeu_ps(acc + m * 16, block_step<F::kMin>(_mm512_loadu_ps(acc + m * 16), z[m],
+                                                         dx[m * KB + j], F::kMin ? sx[m * KB + j] : 0.f, d, mn));
   }
 }
 #endif  // ROSEINFER_AVX512

@@ -124,6 +124,15 @@ inline void steps_zmm(const int16_t* const* xr, const uint8_t* q, __m512i (&z)[M
   }
 }
 
+// One row's fp32 steps for a 32-block on 16 columns (gguf_gemm.h): acc + float(z) *
+// (dx * d), then + sx * mn (formats with a minimum term), z the block's exact dots.
+template <bool MIN>
+inline __m512 block_step(__m512 acc, __m512i z, float dx, float sx, __m512 d, __m512 mn) {
+  acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(z), _mm512_mul_ps(_mm512_set1_ps(dx), d), acc);
+  if constexpr (MIN) acc = _mm512_fmadd_ps(_mm512_set1_ps(sx), mn, acc);
+  return acc;
+}
+
 // The same with the 256-bit loops' accumulator pairs.
 template <int MR, int STEPS, Head H>
 inline void steps_int_zmm(const int16_t* const* xr, const uint8_t* q, __m256i (&a)[MR][2]) {
