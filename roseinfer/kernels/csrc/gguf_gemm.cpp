@@ -10,6 +10,7 @@
 #include "gguf_row1.h"
 #include "gguf_tiles.h"
 #include "q8_tiles.h"
+#include "weight_memory.h"
 
 namespace roseinfer {
 
@@ -416,7 +417,7 @@ GgufPanels::GgufPanels(int64_t type_, const std::vector<const uint8_t*>& rows, i
     using F = decltype(f);
     TORCH_CHECK(K % F::E == 0, "GgufPanels: K = ", K, " is not a multiple of ", F::E);
     const int64_t NSB = K / F::E, NP = (N + 15) / 16;
-    packed = at::zeros({NP * NSB * F::kPanel}, at::TensorOptions().dtype(at::kByte));
+    packed = weight_zeros({NP * NSB * F::kPanel}, at::kByte);
     uint8_t* out = packed.data_ptr<uint8_t>();
     at::parallel_for(0, NP, 1, [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p)

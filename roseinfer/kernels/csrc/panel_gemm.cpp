@@ -4,6 +4,8 @@
 
 #include <cstring>
 
+#include "weight_memory.h"
+
 namespace roseinfer {
 
 PanelGemm::PanelGemm(const at::Tensor& w) {
@@ -14,7 +16,7 @@ PanelGemm::PanelGemm(const at::Tensor& w) {
   bf16 = w.scalar_type() == at::kBFloat16;
   auto wh = w.to(bf16 ? at::kBFloat16 : at::kHalf).contiguous();
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(wh.data_ptr());
-  f16 = at::zeros({Np / 16, K, 16}, wh.options());
+  f16 = weight_zeros({Np / 16, K, 16}, wh.scalar_type());
   uint16_t* fp = reinterpret_cast<uint16_t*>(f16.data_ptr());
   at::parallel_for(0, Np / 16, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t n = p0 * 16; n < std::min(N, p1 * 16); ++n)

@@ -9,6 +9,7 @@
 #include "act_quant.h"
 #include "q4_act8_amx.h"
 #include "q8_tiles.h"
+#include "weight_memory.h"
 
 namespace roseinfer {
 
@@ -272,7 +273,7 @@ at::Tensor pack_q4_act8(const at::Tensor& q_, const at::Tensor& d_, const at::Te
   const int8_t* qp = q.data_ptr<int8_t>();
   const float* dp = ds.data_ptr<float>();
   const float* mp = ms.data_ptr<float>();
-  at::Tensor t = at::zeros({NP * KB * bb}, at::TensorOptions().dtype(at::kByte));
+  at::Tensor t = weight_zeros({NP * KB * bb}, at::kByte);
   uint8_t* out = t.data_ptr<uint8_t>();
   at::parallel_for(0, NP, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p)

@@ -6,6 +6,7 @@
 #include "q4_act8.h"
 #include "act_quant.h"
 #include "q8_tiles.h"
+#include "weight_memory.h"
 
 #include <cstring>
 #include <memory>
@@ -366,7 +367,7 @@ Q8Gemm::Q8Gemm(const at::Tensor& q_, const at::Tensor& scales_,
   const int64_t NP = (N + kQ8Panel - 1) / kQ8Panel;
   const auto pack = [&](Kind kind) {
     const int64_t bb = block_bytes_of(kind);
-    at::Tensor t = at::zeros({NP * KB * bb}, at::TensorOptions().dtype(at::kByte));
+    at::Tensor t = weight_zeros({NP * KB * bb}, at::kByte);
     uint8_t* out = t.data_ptr<uint8_t>();
     at::parallel_for(0, NP, 1, [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p)
