@@ -9,6 +9,7 @@ with the same threads.  ``--l3``: one copy instead (the kernel's compute ceiling
 
     python benchmarks/gemv_bandwidth.py --types Q4_0 --threads 2
     python benchmarks/gemv_bandwidth.py --types Q4_0,Q4_K,Q6_K --threads 1 --cpu-time
+    python benchmarks/gemv_bandwidth.py --types Q4_0 --rows 16   # a batch-16 step's GEMMs
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--working-set-mb", type=float, default=160.0)
     ap.add_argument("--l3", action="store_true", help="one copy per shape (cache resident)")
+    ap.add_argument("--rows", type=int, default=1, help="rows per call (decode batch size)")
     args = ap.parse_args()
     assert cpu_kernels_available()
     if args.cpu_time and args.threads != 1:
@@ -47,7 +49,8 @@ def main() -> None:
     clock = time.thread_time if args.cpu_time else time.perf_counter
     print(f"threads={args.threads} read bandwidth {read_bandwidth_gbs():.1f} GB/s; "
           f"GEMV GB/s ({'thread CPU time' if args.cpu_time else 'wall clock'}, best of "
-          f"{args.rounds}, {'one copy' if args.l3 else f'>= {args.working_set_mb:.0f} MB rotated'})")
+          f"{args.rounds}, {'one copy' if args.l3 else f'>= {args.working_set_mb:.0f} MB rotated'}, "
+          f"{args.rows} row{'s' if args.rows > 1 else ''})")
     rng = np.random.default_rng(0)
     for name in args.types.split(","):
         qtype = gguf.GGMLQuantizationType[name]
@@ -58,7 +61,7 @@ def main() -> None:
             raw = torch.from_numpy(random_raw(qtype, n, k, rng))
             copies = 1 if args.l3 else max(2, int(args.working_set_mb * 1e6 / raw.nbytes) + 1)
             lins = [make_gguf_linear([(int(qtype), raw)], None, act8=act8) for _ in range(copies)]
-            x = torch.randn(1, k)
+            x = torch.randn(args.rows, k)
             calls = max(copies, 8)
             for i in range(calls):
                 lins[i % copies].forward(x)

@@ -355,27 +355,29 @@ def test_gguf_layers_run_in_the_llama_stack() -> None:
     (T.Q4_1, True, False), (T.Q4_1, True, True), (T.Q4_0, True, False), (T.Q4_0, True, True),
 ], ids=lambda v: getattr(v, "name", str(v)))
 def test_steps_of_many_rows_equal_the_portable_kernel(qtype: int, act8: bool, extra: bool) -> None:
-    """Steps of 48 rows and more (on a CPU with AMX: whole 16-row tiles of each chunk as
+    """Steps of 16 rows and more (on a CPU with AMX: whole 16-row tiles of each chunk as
     tile products, the other rows on the vector loops): bitwise the portable kernel and
-    each row alone, over two chunks of rows (K = 8192) and a tail."""
+    each row alone, over two chunks of rows (K = 8192) and a tail; K = 1536 (GGUF panels
+    on the tiles from 16 rows, csrc/amx.h)."""
     from roseinfer.kernels.gguf import make_gguf_linear
 
-    n, k, rows = 24, 8192, 83
-    raw = random_raw(qtype, n, k, seed=17)
-    gen = torch.Generator().manual_seed(9)
-    bias = torch.randn(n, generator=gen)
-    x = torch.randn(rows, k, generator=gen) * 3
-    x[0, :32] = 0.0  # a zero block: dx = 0
-    x[5, 64:96] = 0.0
-    x[5, 70] = -4.0  # a block of one value
-    lin = make_gguf_linear([(int(qtype), torch.from_numpy(raw))], bias, act8, extra)
-    got = lin.forward(x)
-    assert torch.equal(lin.forward_portable(x), got)
-    for m in (48, 64, 80):
-        assert torch.equal(lin.forward(x[:m]), got[:m])
-        assert torch.equal(lin.forward(x[rows - m:]), got[rows - m:])
-    alone = torch.cat([lin.forward(x[r:r + 1].clone()) for r in range(rows)])
-    assert torch.equal(alone, got)
+    for k in (1536, 8192):
+        n, rows = 24, 83
+        raw = random_raw(qtype, n, k, seed=17)
+        gen = torch.Generator().manual_seed(9)
+        bias = torch.randn(n, generator=gen)
+        x = torch.randn(rows, k, generator=gen) * 3
+        x[0, :32] = 0.0  # a zero block: dx = 0
+        x[5, 64:96] = 0.0
+        x[5, 70] = -4.0  # a block of one value
+        lin = make_gguf_linear([(int(qtype), torch.from_numpy(raw))], bias, act8, extra)
+        got = lin.forward(x)
+        assert torch.equal(lin.forward_portable(x), got)
+        for m in (16, 17, 31, 32, 48, 64, 80):
+            assert torch.equal(lin.forward(x[:m]), got[:m])
+            assert torch.equal(lin.forward(x[rows - m:]), got[rows - m:])
+        alone = torch.cat([lin.forward(x[r:r + 1].clone()) for r in range(rows)])
+        assert torch.equal(alone, got)
 
 
 def _anon_huge_kb() -> int:

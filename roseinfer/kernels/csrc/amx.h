@@ -18,7 +18,12 @@
 namespace roseinfer {
 
 constexpr int64_t kAmxRows = 16;     // rows of a tile product
-constexpr int64_t kAmxMinRows = 48;  // fewer rows per step: the vector loops are as fast
+// Rows a step needs before its whole 16-row tiles run on the tiles (docs/performance.md,
+// "AMX from 16 rows"): act8 (gate/up) from one tile; a GGUF panel decoded for the tiles
+// takes K / 32 x 512 bytes, which at 16 and 32 rows pays off while it sits in half of L1
+// (K <= 1536), else from 48 rows.
+constexpr int64_t kAmxAct8MinRows = 16;
+constexpr int64_t gguf_amx_min_rows(int64_t K) { return K <= 1536 ? 16 : 48; }
 
 #ifdef ROSEINFER_AMX
 // Whether this process may use the tiles: Linux hands out the tile data state on
@@ -54,6 +59,15 @@ class TileScope {
   TileScope(const TileScope&) = delete;
   TileScope& operator=(const TileScope&) = delete;
 };
+
+// A panel's bytes are read once per chunk, by the decode / widening in front of the
+// tiles; at 16 rows they come from DRAM, and while the tiles run nothing would be read:
+// so the first tile's loop prefetches the next panel, a block's share per block (at
+// 16 rows from DRAM the act8 GEMM went from 0.85x the vector loops to 1.0x; prefetching
+// in the decode as well measured the same).
+inline void prefetch_span(const uint8_t* p, int64_t bytes) {
+  for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
+}
 
 // Tile instructions on literal register numbers (GCC's intrinsics stringify them too).
 // A tile load reads memory the compiler does not see: whoever writes what tiles read

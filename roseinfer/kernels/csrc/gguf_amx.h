@@ -88,12 +88,13 @@ void decode_panel_amx(const uint8_t* panel, int64_t KB, AmxPanel& out) {
   }
 }
 
-// Rows [0, 16) x one decoded panel into y (+ bias): software-pipelined as q4_act8's
+// Rows [0, 16) x one decoded panel into y (+ bias), prefetching pf_step bytes a block
+// of the panel at pf (or none): software-pipelined as q4_act8's
 // tile_amx (the next block's products run while this one is scaled, stored after).
 template <bool MIN>
 void tile_amx(const uint8_t* lo, const int8_t* hi, const float* dx, const float* sx, int64_t K,
               const AmxPanel& w, int64_t n0, int64_t nc, const float* bias, float* y,
-              int64_t ldy) {
+              int64_t ldy, const uint8_t* pf, int64_t pf_step) {
   const int64_t KB = K / 32;
   alignas(64) int32_t cb[2][256];  // the dots with lo, with hi
   const auto dots = [&](int64_t j) {
@@ -119,6 +120,7 @@ void tile_amx(const uint8_t* lo, const int8_t* hi, const float* dx, const float*
     const __m512 d = _mm512_loadu_ps(w.d.data() + j * 16);
     const __m512 mn = MIN ? _mm512_loadu_ps(w.m.data() + j * 16) : d;
     if (j + 1 < KB) dots(j + 1);
+    if (pf) prefetch_span(pf + j * pf_step, pf_step);
 #pragma GCC unroll 16
     for (int m = 0; m < kAmxRows; ++m) {  // unrolled: acc stays in registers
       const __m512i z = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(cb[1] + 16 * m), 8),
@@ -143,8 +145,9 @@ void panel_amx(const uint8_t* panel, int64_t tiles, const uint8_t* lo, const int
   decode_panel_amx<F>(panel, KB, w);
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t m = t * kAmxRows;
+    constexpr int64_t kShare = F::kPanel / (F::E / 32);  // a 32-block's bytes
     tile_amx<F::kMin>(lo + m * K, hi + m * K, dx + m * KB, sx + m * KB, K, w, n0, nc, bias,
-                      y + m * ldy, ldy);
+                      y + m * ldy, ldy, t == 0 ? panel + KB * kShare : nullptr, kShare);
   }
 }
 #endif  // ROSEINFER_AMX

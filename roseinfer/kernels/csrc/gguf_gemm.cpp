@@ -386,7 +386,7 @@ void run_format(const GgufPanels& g, const int16_t* xq, const float* dx, const f
   std::vector<uint8_t> lo;
   std::vector<int8_t> hi;
 #ifdef ROSEINFER_AMX
-  const bool amx = !portable && F::HALVES == 1 && M >= kAmxMinRows && amx_permitted();
+  const bool amx = !portable && F::HALVES == 1 && M >= gguf_amx_min_rows(g.K) && amx_permitted();
   if (amx) {
     lo.resize(M * g.K);
     hi.resize(M * g.K);

@@ -325,7 +325,7 @@ void gemm_q4_act8(const uint8_t* bytes, const uint8_t* nibbles, int64_t N, int64
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 17) / (M * K * kQ8Panel));
 #ifdef ROSEINFER_AMX
   // Steps of many rows: whole 16-row tiles of each chunk on AMX, the rest on vectors.
-  const bool amx = !portable && M >= kAmxMinRows && amx_permitted();
+  const bool amx = !portable && M >= kAmxAct8MinRows && amx_permitted();
 #endif
   at::parallel_for(0, NP, grain, [&](int64_t p0, int64_t p1) {
 #ifdef ROSEINFER_AVX2

@@ -52,14 +52,14 @@ inline void scale16(const int32_t* cb, __m512 dw, __m512 mw, const float* dx, co
 }
 
 // Rows [0, 16) x one panel (w: its first block; wt: its weights as tiles, 512 bytes a
-// block at stride wts) into y (+ bias): each block's exact dots from one tile product,
-// then tile_zmm's fp32 steps.  Software-pipelined by pairs of blocks: the next pair's
+// block at stride wts) into y (+ bias), prefetching the panel at pf (or none): each
+// block's exact dots from one tile product, then tile_zmm's fp32 steps.  Software-pipelined by pairs of blocks: the next pair's
 // products run while this pair is scaled, and are stored after that (a tile store
 // holds back the loads after it).
 template <bool NIB, bool OFF>
 void tile_amx(const int8_t* xq, const float* dx, const float* sx, const int32_t* xs, int64_t K,
               const uint8_t* w, const uint8_t* wt, int64_t wts, int64_t n0, const float* bias,
-              float* y, int64_t N) {
+              float* y, int64_t N, const uint8_t* pf) {
   const int64_t KB = K / kQ8Block, bb = block_bytes(NIB, !OFF);
   alignas(64) int32_t cb[2][256];
   const auto dots = [&](int64_t j) {  // blocks j, j + 1 (if any) into tiles 0, 1
@@ -89,6 +89,7 @@ void tile_amx(const int8_t* xq, const float* dx, const float* sx, const int32_t*
     block_scales<NIB, OFF>(w + j * bb, dw[0], mw[0]);
     if (j + 1 < KB) block_scales<NIB, OFF>(w + (j + 1) * bb, dw[1], mw[1]);
     if (j + 2 < KB) dots(j + 2);
+    if (pf) prefetch_span(pf + j * bb, 2 * bb);
     scale16<OFF>(cb[0], dw[0], mw[0], dx, sx, xs, KB, j, acc);
     if (j + 1 < KB) scale16<OFF>(cb[1], dw[1], mw[1], dx, sx, xs, KB, j + 1, acc);
     if (j + 2 < KB) store(j + 2);
@@ -118,7 +119,8 @@ void panel_amx(bool nib, int64_t tiles, const int8_t* xq, const float* dx, const
     const int64_t m = t * kAmxRows;
     const int32_t* xsm = OFF ? xs + m * KB : nullptr;
     const auto run = nib ? tile_amx<true, OFF> : tile_amx<false, OFF>;
-    run(xq + m * K, dx + m * KB, sx + m * KB, xsm, K, panel, wt, wts, n0, bias, y + m * N, N);
+    run(xq + m * K, dx + m * KB, sx + m * KB, xsm, K, panel, wt, wts, n0, bias, y + m * N, N,
+        t == 0 ? panel + KB * block_bytes(nib, !OFF) : nullptr);  // the next panel
   }
 }
 #endif  // ROSEINFER_AMX
