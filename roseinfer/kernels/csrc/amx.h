@@ -66,7 +66,8 @@ class TileScope {
 // 16 rows from DRAM the act8 GEMM went from 0.85x the vector loops to 1.0x; prefetching
 // in the decode as well measured the same).
 inline void prefetch_span(const uint8_t* p, int64_t bytes) {
-  for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
+  for (int64_t i = 0; i < bytes; i += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
 }
 
 // Tile instructions on literal register numbers (GCC's intrinsics stringify them too).

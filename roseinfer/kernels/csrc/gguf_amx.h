@@ -89,8 +89,8 @@ void decode_panel_amx(const uint8_t* panel, int64_t KB, AmxPanel& out) {
 }
 
 // Rows [0, 16) x one decoded panel into y (+ bias), prefetching pf_step bytes a block
-// of the panel at pf (or none): software-pipelined as q4_act8's
-// tile_amx (the next block's products run while this one is scaled, stored after).
+// of the panel at pf (or none): software-pipelined as q4_act8's tile_amx (the next
+// block's products run while this one is scaled, stored after).
 template <bool MIN>
 void tile_amx(const uint8_t* lo, const int8_t* hi, const float* dx, const float* sx, int64_t K,
               const AmxPanel& w, int64_t n0, int64_t nc, const float* bias, float* y,
@@ -135,7 +135,8 @@ void tile_amx(const uint8_t* lo, const int8_t* hi, const float* dx, const float*
   store_tile(out, kAmxRows, n0, nc, bias, y, ldy);
 }
 
-// Rows [0, 16 * tiles) x panel p: decoded once, then each 16-row tile.
+// Rows [0, 16 * tiles) x panel p: decoded once, then each 16-row tile (the first
+// prefetching the next panel).
 template <class F>
 void panel_amx(const uint8_t* panel, int64_t tiles, const uint8_t* lo, const int8_t* hi,
                const float* dx, const float* sx, int64_t K, int64_t n0, int64_t nc,
@@ -143,9 +144,9 @@ void panel_amx(const uint8_t* panel, int64_t tiles, const uint8_t* lo, const int
   thread_local AmxPanel w;
   const int64_t KB = K / 32;
   decode_panel_amx<F>(panel, KB, w);
+  constexpr int64_t kShare = F::kPanel / (F::E / 32);  // a 32-block's bytes
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t m = t * kAmxRows;
-    constexpr int64_t kShare = F::kPanel / (F::E / 32);  // a 32-block's bytes
     tile_amx<F::kMin>(lo + m * K, hi + m * K, dx + m * KB, sx + m * KB, K, w, n0, nc, bias,
                       y + m * ldy, ldy, t == 0 ? panel + KB * kShare : nullptr, kShare);
   }

@@ -382,7 +382,7 @@ void run_format(const GgufPanels& g, const int16_t* xq, const float* dx, const f
       xs[i] = t;
     }
   }
-  // AMX (steps of many rows, one scale per 32-block): the activations' byte planes.
+  // AMX (steps of gguf_amx_min_rows(K) rows or more): the activations' byte planes.
   std::vector<uint8_t> lo;
   std::vector<int8_t> hi;
 #ifdef ROSEINFER_AMX

@@ -324,7 +324,7 @@ void gemm_q4_act8(const uint8_t* bytes, const uint8_t* nibbles, int64_t N, int64
   const int64_t mc = std::max<int64_t>(8, (int64_t(1) << 18) / K);  // ~256 KB of rows
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 17) / (M * K * kQ8Panel));
 #ifdef ROSEINFER_AMX
-  // Steps of many rows: whole 16-row tiles of each chunk on AMX, the rest on vectors.
+  // Steps of 16 rows or more: whole 16-row tiles of each chunk on AMX, the rest on vectors.
   const bool amx = !portable && M >= kAmxAct8MinRows && amx_permitted();
 #endif
   at::parallel_for(0, NP, grain, [&](int64_t p0, int64_t p1) {

@@ -53,9 +53,9 @@ inline void scale16(const int32_t* cb, __m512 dw, __m512 mw, const float* dx, co
 
 // Rows [0, 16) x one panel (w: its first block; wt: its weights as tiles, 512 bytes a
 // block at stride wts) into y (+ bias), prefetching the panel at pf (or none): each
-// block's exact dots from one tile product, then tile_zmm's fp32 steps.  Software-pipelined by pairs of blocks: the next pair's
-// products run while this pair is scaled, and are stored after that (a tile store
-// holds back the loads after it).
+// block's exact dots from one tile product, then tile_zmm's fp32 steps.
+// Software-pipelined by pairs of blocks: the next pair's products run while this pair
+// is scaled, and are stored after that (a tile store holds back the loads after it).
 template <bool NIB, bool OFF>
 void tile_amx(const int8_t* xq, const float* dx, const float* sx, const int32_t* xs, int64_t K,
               const uint8_t* w, const uint8_t* wt, int64_t wts, int64_t n0, const float* bias,
