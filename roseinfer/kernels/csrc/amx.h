@@ -64,11 +64,7 @@ class TileScope {
 // tiles; at 16 rows they come from DRAM, and while the tiles run nothing would be read:
 // so the first tile's loop prefetches the next panel, a block's share per block (at
 // 16 rows from DRAM the act8 GEMM went from 0.85x the vector loops to 1.0x; prefetching
-// in the decode as well measured the same).
-inline void prefetch_span(const uint8_t* p, int64_t bytes) {
-  for (int64_t i = 0; i < bytes; i += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
-}
+// in the decode as well measured the same; prefetch_bytes, common.h).
 
 // Tile instructions on literal register numbers (GCC's intrinsics stringify them too).
 // A tile load reads memory the compiler does not see: whoever writes what tiles read

@@ -73,7 +73,7 @@ static inline void softmax_row(float* sg, int64_t L) {
 
 template <typename KV>
 static inline void prefetch_row(const KV* p, int64_t bytes) {
-  for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(reinterpret_cast<const char*>(p) + b, _MM_HINT_T0);
+  prefetch_bytes(p, bytes);
 }
 
 // Lane j (< 4) of the result = the sum of the 8 lanes of a[j], as ((l0+l1)+(l2+l3)) +

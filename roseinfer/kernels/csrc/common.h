@@ -68,6 +68,12 @@ inline int64_t cache_head_dim(const at::Tensor& kv_cache) {
 }
 
 #ifdef ROSEINFER_AVX2
+// Prefetch (into L1) the cache lines of bytes [p, p + bytes).
+inline void prefetch_bytes(const void* p, int64_t bytes) {
+  for (int64_t i = 0; i < bytes; i += 64)
+    _mm_prefetch(static_cast<const char*>(p) + i, _MM_HINT_T0);
+}
+
 static inline float hsum8(__m256 v) {
   __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
   lo = _mm_add_ps(lo, hi);

@@ -120,7 +120,7 @@ void tile_amx(const uint8_t* lo, const int8_t* hi, const float* dx, const float*
     const __m512 d = _mm512_loadu_ps(w.d.data() + j * 16);
     const __m512 mn = MIN ? _mm512_loadu_ps(w.m.data() + j * 16) : d;
     if (j + 1 < KB) dots(j + 1);
-    if (pf) prefetch_span(pf + j * pf_step, pf_step);
+    if (pf) prefetch_bytes(pf + j * pf_step, pf_step);
 #pragma GCC unroll 16
     for (int m = 0; m < kAmxRows; ++m) {  // unrolled: acc stays in registers
       const __m512i z = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(cb[1] + 16 * m), 8),

@@ -109,9 +109,7 @@ struct TileArgs {
 };
 
 inline void prefetch_share(const uint8_t* pf, int64_t step, int64_t b) {
-  if (!pf) return;
-  for (int64_t i = b * step; i < (b + 1) * step; i += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(pf + i), _MM_HINT_T0);
+  if (pf) prefetch_bytes(pf + b * step, step);
 }
 
 // Q6_K, both 16-value halves in one pass over the accumulators: acc[m] += float(h0[m])

@@ -89,7 +89,7 @@ void tile_amx(const int8_t* xq, const float* dx, const float* sx, const int32_t*
     block_scales<NIB, OFF>(w + j * bb, dw[0], mw[0]);
     if (j + 1 < KB) block_scales<NIB, OFF>(w + (j + 1) * bb, dw[1], mw[1]);
     if (j + 2 < KB) dots(j + 2);
-    if (pf) prefetch_span(pf + j * bb, 2 * bb);
+    if (pf) prefetch_bytes(pf + j * bb, 2 * bb);
     scale16<OFF>(cb[0], dw[0], mw[0], dx, sx, xs, KB, j, acc);
     if (j + 1 < KB) scale16<OFF>(cb[1], dw[1], mw[1], dx, sx, xs, KB, j + 1, acc);
     if (j + 2 < KB) store(j + 2);

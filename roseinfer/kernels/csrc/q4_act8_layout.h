@@ -2,6 +2,7 @@
 // loops (q4_act8.cpp) and its AMX tiles (q4_act8_amx.h).
 #pragma once
 
+#include "gguf_tiles.h"
 #include "q8_gemm.h"
 
 namespace roseinfer {
@@ -37,16 +38,14 @@ inline void block_scales(const uint8_t* blk, __m512& dw, __m512& mw) {
 
 // One row's fp32 steps for a block on 16 columns (q4_act8.h): z the block's exact dots
 // with q, d / s / t the row's dx, sx and exact activation sum for the block.
+// The GGUF GEMM's step (gguf_tiles.h) on the dots with q (Q4_1) or q - 8 (Q4_0).
 template <bool OFF>
 inline __m512 block_step(__m512 acc, __m512i z, float d, float s, int32_t t, __m512 dw,
                          __m512 mw) {
-  const __m512 dd = _mm512_set1_ps(d);
-  if constexpr (OFF) {  // Q4_0: the dots with q - 8
-    const __m512i dot = _mm512_add_epi32(z, _mm512_set1_epi32(-8 * t));
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dd, dw), acc);
-  }
-  acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(z), _mm512_mul_ps(dd, dw), acc);
-  return _mm512_fmadd_ps(_mm512_set1_ps(s), mw, acc);
+  if constexpr (OFF)
+    return roseinfer::block_step<false>(acc, _mm512_add_epi32(z, _mm512_set1_epi32(-8 * t)), d,
+                                        0.f, dw, dw);
+  return roseinfer::block_step<true>(acc, z, d, s, dw, mw);
 }
 #endif  // ROSEINFER_AVX512
 

@@ -1,6 +1,8 @@
 // weight_zeros (weight_memory.h): anonymous mappings advised for transparent huge pages.
 #include "weight_memory.h"
 
+#include <c10/util/accumulate.h>
+
 #include <cstdint>
 
 #ifdef __linux__
@@ -13,9 +15,8 @@ at::Tensor weight_zeros(at::IntArrayRef sizes, at::ScalarType dtype) {
   const auto options = at::TensorOptions().dtype(dtype);
 #if defined(__linux__) && defined(MADV_HUGEPAGE) && !defined(ROSEINFER_NO_HUGE_PAGES)
   constexpr size_t kHuge = size_t(2) << 20, kPage = 4096;
-  int64_t numel = 1;
-  for (const int64_t s : sizes) numel *= s;
-  const size_t bytes = static_cast<size_t>(numel) * at::elementSize(dtype);
+  const size_t bytes =
+      static_cast<size_t>(c10::multiply_integers(sizes)) * at::elementSize(dtype);
   if (bytes >= kHuge) {
     const size_t len = (bytes + kPage - 1) / kPage * kPage;
     void* raw = mmap(nullptr, len + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
