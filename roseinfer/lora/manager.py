@@ -29,8 +29,10 @@ logger = logging.getLogger("roseinfer.lora")
 
 class LoRAManager:
     def __init__(self, model: nn.Module, config: ModelConfig, max_loras: int,
-                 max_lora_rank: int, use_kernels: bool) -> None:
+                 max_lora_rank: int, use_kernels: bool,
+                 device: torch.device | None = None) -> None:
         self.config = config
+        self.device = device  # where the adapters' buffers live: the model's device
         self.max_loras = max_loras
         self.max_lora_rank = max_lora_rank
         self.use_kernels = use_kernels
@@ -73,7 +75,8 @@ class LoRAManager:
             logger.info("LoRA %r evicted for %r", evicted.name, lora.lora_name)
         start = time.perf_counter()
         self.resident[lora.lora_int_id] = build_adapter(
-            lora.lora_int_id, lora.lora_name, spec, self.config, self.use_kernels, reuse)
+            lora.lora_int_id, lora.lora_name, spec, self.config, self.use_kernels, reuse,
+            self.device)
         self.last_load_s = time.perf_counter() - start
         self.num_loads += 1
         logger.info("LoRA %r loaded in %.1f ms", lora.lora_name, self.last_load_s * 1e3)

@@ -26,6 +26,6 @@ def setup_lora(config: EngineConfig, runner: object, model_config: ModelConfig,
 
     use_kernels = device.type == "cpu" and dtype == torch.float32 and cpu_kernels_available()
     manager = LoRAManager(runner.model, model_config, config.max_loras, config.max_lora_rank,
-                          use_kernels)
+                          use_kernels, device)
     runner.lora = manager
     return LoRAAdmission(manager)

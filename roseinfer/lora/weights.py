@@ -119,10 +119,12 @@ def _plan(tensors: dict[tuple[int, str], tuple[Tensor, Tensor, float]], config: 
 
 
 def build_adapter(lora_int_id: int, name: str, spec: AdapterSpec, config: ModelConfig,
-                  use_kernels: bool, reuse: Tensor | None = None) -> LoadedAdapter:
+                  use_kernels: bool, reuse: Tensor | None = None,
+                  device: torch.device | None = None) -> LoadedAdapter:
     """Read the checked adapter's tensors and lay them out per layer (see module
-    docstring).  ``reuse``: an evicted adapter's buffer, overwritten when it is large
-    enough (no fresh pages to fault in); nothing may use that adapter any more."""
+    docstring) on ``device`` (the model's; the CPU by default).  ``reuse``: an evicted
+    adapter's buffer, overwritten when it is large enough (no fresh pages to fault in);
+    nothing may use that adapter any more."""
     tensors = read_tensors(spec, config)
     shapes = module_shapes(config)
     for (layer, m), (ma, mb, _) in tensors.items():
@@ -133,7 +135,8 @@ def build_adapter(lora_int_id: int, name: str, spec: AdapterSpec, config: ModelC
                              "changed since the adapter was checked")
     rows, keys, total = _plan(tensors, config)
     # Every float of the buffer is written below (A rows and Bt parts tile it).
-    buffer = reuse[:total] if reuse is not None and reuse.numel() >= total else torch.empty(total)
+    buffer = (reuse[:total] if reuse is not None and reuse.numel() >= total
+              else torch.empty(total, device=device))
     plan = torch.tensor(rows, dtype=torch.int64).view(-1, PLAN_COLS)  # [P, 11]
     srcs = [tensors[key] for key in keys]
     if use_kernels:  # one C++ call: copies, transposes and scales every part

@@ -19,7 +19,7 @@ from roseinfer.model.registry import create_model
 from roseinfer.outputs import CompletionOutput
 from roseinfer.structured_outputs import StructuredOutputsParams
 from roseinfer.tokenizer import Tokenizer
-from tests.engine.tiny_models import tiny_hf_llama
+from tests.engine.tiny_models import engine_device, tiny_hf_llama
 
 TOKENIZER_VOCAB = 49152  # the default model's
 
@@ -38,7 +38,8 @@ def tiny_weights(vocab: int) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
 def tiny_engine(vocab: int = TOKENIZER_VOCAB, **options) -> LLMEngine:
     """An engine over a tiny random Llama (``vocab`` logits) with the real tokenizer."""
     model_config, state = tiny_weights(vocab)
-    model = create_model(model_config, torch.float32, torch.device("cpu"))
+    options.setdefault("device", engine_device())
+    model = create_model(model_config, torch.float32, torch.device(options["device"]))
     model.load_weights(state.items())
     options.setdefault("num_threads", 1)
     options.setdefault("quantization", "none")

@@ -10,8 +10,12 @@ from roseinfer.engine.validation import InvalidRequestError
 from roseinfer.llm import LLM
 from roseinfer.pooling_params import PoolingParams
 from roseinfer.sampling_params import SamplingParams
-from tests.engine.tiny_models import engine_from_hf, tiny_hf_llama
+from tests.engine.tiny_models import engine_device, engine_from_hf, tiny_hf_llama
 
+# Bitwise across chunkings is the C++ kernels' promise (docs/CONTRACTS.md); on a GPU
+# (ROSEINFER_TEST_DEVICE) a chunk's rows may round differently (seen on an H200: 1 ulp).
+cpu_bits = pytest.mark.skipif(engine_device() != "cpu",
+                              reason="bitwise chunking invariance is promised on the CPU")
 PROMPTS = [[1, 5, 9, 33, 71, 100, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20],
            [1, 40, 41], [3]]
 
@@ -78,6 +82,7 @@ def test_no_prefix_cache_hits(llm):
     assert first.embedding == again.embedding == llm.embed([PROMPTS[0]])[0].embedding
 
 
+@cpu_bits
 @pytest.mark.parametrize("pooling", ["mean", "last"])
 def test_chunked_prefill_equals_unchunked(hf, llm, pooling):
     """Bitwise: rows are batch-invariant and the mean's sum is folded in position order."""
@@ -98,6 +103,7 @@ def test_refusals(llm):
         PoolingParams(pooling="cls")
 
 
+@cpu_bits
 def test_preempted_embedding_starts_over(hf, llm):
     """Preempted mid-prompt (its blocks taken by an older request), it is recomputed from
     position 0: the same vector."""
