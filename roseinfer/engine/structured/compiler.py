@@ -17,6 +17,7 @@ vocabulary wider than the tokenizer's) are never allowed by any grammar.
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 from collections.abc import Sequence
@@ -78,7 +79,7 @@ class GrammarCompiler:
         """The llguidance view of the model's tokenizer (built once, on first use)."""
         with self._lock:
             if self._ll_tokenizer is None:
-                self._ll_tokenizer = _build_ll_tokenizer(self._tokenizer, self._eos_token_ids)
+                self._ll_tokenizer = build_ll_tokenizer(self._tokenizer, self._eos_token_ids)
             return self._ll_tokenizer
 
     @property
@@ -135,19 +136,51 @@ def _grammar_text(kind: str, spec: str, compact: bool) -> str:
     raise ValueError(f"unknown structured output kind {kind!r}")
 
 
-def _build_ll_tokenizer(tokenizer: Any, eos_token_ids: Sequence[int]) -> llguidance.LLTokenizer:
+def build_ll_tokenizer(tokenizer: Any, eos_token_ids: Sequence[int]) -> llguidance.LLTokenizer:
+    """The llguidance tokenizer of ``tokenizer`` (its Hugging Face fast tokenizer's JSON,
+    made consistent by ``_byte_level_fixed``)."""
     hf = getattr(tokenizer, "hf", None)
     if tokenizer is None or getattr(hf, "backend_tokenizer", None) is None:
         raise GrammarError("structured outputs need the model's Hugging Face fast tokenizer; "
                            "this engine has none")
-    import llguidance.hf
+    import llguidance
 
     eos = [t for t in eos_token_ids if 0 <= t < len(hf)]
+    backend = copy.copy(hf.backend_tokenizer)  # as llguidance.hf.from_tokenizer does
+    backend.no_padding()
+    backend.no_truncation()
     try:
-        return llguidance.hf.from_tokenizer(hf, eos_token=eos or None)
+        return llguidance.LLTokenizer(_byte_level_fixed(backend.to_str()),
+                                      eos_token=eos or hf.eos_token_id)
     except Exception as exc:  # noqa: BLE001 - llguidance refuses this tokenizer
         raise GrammarError(f"structured outputs are not available for this model's "
                            f"tokenizer: {_short(str(exc))}") from exc
+
+
+def _byte_level_fixed(spec_json: str) -> str:
+    """A byte-level BPE (GPT-2's ``Ġ`` / ``Ċ`` alphabet: a ``ByteLevel`` pre-tokenizer)
+    never falls back to ``<0x..>`` byte tokens; transformers 5.17 wrote such GGUF
+    vocabularies with ``byte_fallback`` on and a ``ByteFallback`` decoder first, and
+    llguidance then reads each token's text as its bytes (``Ġdelta`` as ``c4 a0 delta``,
+    not `` delta``). Turned back into a plain byte-level BPE for llguidance; any other
+    tokenizer is returned unchanged."""
+    spec = json.loads(spec_json)
+    model = spec.get("model") or {}
+    if not (model.get("byte_fallback") and _has_byte_level(spec.get("pre_tokenizer"))
+            and "<0x00>" not in (model.get("vocab") or {})):
+        return spec_json
+    model["byte_fallback"] = False
+    spec["decoder"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+                       "use_regex": True}
+    return json.dumps(spec)
+
+
+def _has_byte_level(pre_tokenizer: dict[str, Any] | None) -> bool:
+    if not pre_tokenizer:
+        return False
+    if pre_tokenizer.get("type") == "ByteLevel":
+        return True
+    return any(_has_byte_level(p) for p in pre_tokenizer.get("pretokenizers") or [])
 
 
 def _short(message: str) -> str:
