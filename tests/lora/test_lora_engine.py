@@ -169,3 +169,19 @@ def test_adapter_gone_before_loading_fails_its_request_alone(hf_base, tmp_path: 
     assert "'gone' could not be loaded" in finals["lora"].error
     assert finals["base"].error is None and len(finals["base"].outputs[0].token_ids) == 3
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_adapters_are_laid_out_on_the_models_device(adapters, hf_base) -> None:  # noqa: ANN001
+    """The PyTorch path's adapter buffer lives on the engine's device (on a GPU it was
+    left on the CPU and every LoRA step failed: docs/testing.md); "meta" stands in for
+    an accelerator here."""
+    from roseinfer.lora.weights import build_adapter
+
+    engine = make_engine(hf_base, "none", enable_lora=True)
+    manager = engine.lora.manager
+    lora = adapters["all"][0]
+    meta = build_adapter(lora.lora_int_id, lora.lora_name, manager.check(lora), manager.config,
+                         use_kernels=False, device=torch.device("meta"))
+    assert meta.buffer.device.type == "meta"
+    assert all(low.a.device.type == "meta" for layer in meta.layers for low in layer.values())
+    assert manager.device == engine.device
