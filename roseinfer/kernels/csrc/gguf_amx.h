@@ -89,15 +89,14 @@ void decode_panel_amx(const uint8_t* panel, int64_t KB, AmxPanel& out) {
 }
 
 // Rows [0, 16) x one decoded panel into y (+ bias), prefetching pf_step bytes a block
-// of the panel at pf (or none): software-pipelined two blocks deep as q4_act8's
-// tile_amx (a block's products run while the block before is scaled and are stored at
-// the start of the next iteration, one block's scaling before their loads).
+// of the panel at pf (or none): software-pipelined as q4_act8's tile_amx (the next
+// block's products run while this one is scaled, stored after).
 template <bool MIN>
 void tile_amx(const uint8_t* lo, const int8_t* hi, const float* dx, const float* sx, int64_t K,
               const AmxPanel& w, int64_t n0, int64_t nc, const float* bias, float* y,
               int64_t ldy, const uint8_t* pf, int64_t pf_step) {
   const int64_t KB = K / 32;
-  alignas(64) int32_t cb[2][2][256];  // [block parity]: the dots with lo, with hi
+  alignas(64) int32_t cb[2][256];  // the dots with lo, with hi
   const auto dots = [&](int64_t j) {
     RI_TILE_ZERO(0);
     RI_TILE_ZERO(1);
@@ -107,30 +106,28 @@ void tile_amx(const uint8_t* lo, const int8_t* hi, const float* dx, const float*
     RI_TDP(tdpbusd, 0, 2, 4);
     RI_TDP(tdpbssd, 1, 3, 4);
   };
-  const auto store = [&](int64_t j) {
-    RI_TILE_STORE(0, cb[j & 1][0]);
-    RI_TILE_STORE(1, cb[j & 1][1]);
+  const auto store = [&] {
+    RI_TILE_STORE(0, cb[0]);
+    RI_TILE_STORE(1, cb[1]);
   };
   tile_barrier();  // the values and bytes the tiles load are written
   __m512 acc[kAmxRows];
 #pragma GCC unroll 16
   for (auto& a : acc) a = _mm512_setzero_ps();
   dots(0);
-  store(0);
-  if (1 < KB) dots(1);
+  store();
   for (int64_t j = 0; j < KB; ++j) {
-    if (j + 1 < KB) store(j + 1);  // its products ran during block j - 1's scaling
-    if (j + 2 < KB) dots(j + 2);
     const __m512 d = _mm512_loadu_ps(w.d.data() + j * 16);
     const __m512 mn = MIN ? _mm512_loadu_ps(w.m.data() + j * 16) : d;
+    if (j + 1 < KB) dots(j + 1);
     if (pf) prefetch_bytes(pf + j * pf_step, pf_step);
-    const int32_t (&b)[2][256] = cb[j & 1];
 #pragma GCC unroll 16
     for (int m = 0; m < kAmxRows; ++m) {  // unrolled: acc stays in registers
-      const __m512i z = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(b[1] + 16 * m), 8),
-                                         _mm512_load_si512(b[0] + 16 * m));
+      const __m512i z = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(cb[1] + 16 * m), 8),
+                                         _mm512_load_si512(cb[0] + 16 * m));
       acc[m] = block_step<MIN>(acc[m], z, dx[m * KB + j], MIN ? sx[m * KB + j] : 0.f, d, mn);
     }
+    if (j + 1 < KB) store();
   }
   alignas(64) float out[kAmxRows * 16];
 #pragma GCC unroll 16
