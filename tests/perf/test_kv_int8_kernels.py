@@ -90,27 +90,28 @@ def test_avx2_equals_portable(head_dim: int, heads: tuple[int, int], bs: int) ->
 
 
 @pytest.mark.parametrize("portable", [False, True])
-def test_integer_dot_at_the_extremes(portable: bool) -> None:
+@pytest.mark.parametrize("bs", [4, 16])  # 16: whole blocks of 16 take the AMX tiles' Q.K
+def test_integer_dot_at_the_extremes(portable: bool, bs: int) -> None:
     """Q.K is an exact integer dot: K bytes at -128 / 127 (the quantizer never writes -128,
     the kernel must still not saturate) against queries at +-127, scores up to
     64 * 128 * 127, match the float64 model."""
-    head_dim, bs = 64, 4
+    head_dim = 64
     gen = torch.Generator().manual_seed(3)
-    cache = torch.zeros(2, 8, 1, head_dim + 4, dtype=torch.int8)
+    cache = torch.zeros(2, max(8, bs), 1, head_dim + 4, dtype=torch.int8)
     signs = torch.randint(0, 2, (8, head_dim), generator=gen).bool()
-    cache[0, :, 0, :head_dim] = torch.where(signs, torch.tensor(-128, dtype=torch.int8),
+    cache[0, :8, 0, :head_dim] = torch.where(signs, torch.tensor(-128, dtype=torch.int8),
                                             torch.tensor(127, dtype=torch.int8))
-    cache[1, :, 0, :head_dim] = torch.randint(-127, 128, (8, head_dim), generator=gen,
+    cache[1, :8, 0, :head_dim] = torch.randint(-127, 128, (8, head_dim), generator=gen,
                                               dtype=torch.int8)
     scales = torch.tensor([1e-3, 2e-3] * 4).view(8, 1, 1)
-    cache[..., head_dim:] = scales.expand(2, 8, 1, 1).contiguous().view(torch.int8)
+    cache[:, :8, :, head_dim:] = scales.expand(2, 8, 1, 1).contiguous().view(torch.int8)
     q = torch.where(signs[:3], -1.0, 1.0).view(1, 3, head_dim) * 5.0  # qq = +-127
     q[0, 2] = -q[0, 2]
-    args = (q, cache, torch.arange(2, dtype=torch.int32).view(1, 2),
+    args = (q, cache, torch.arange(max(1, 8 // bs), dtype=torch.int32).view(1, -1),
             torch.zeros(1, dtype=torch.int32), torch.tensor([8], dtype=torch.int32), bs, 0.125)
     op = torch.ops.roseinfer.paged_attention_portable if portable else torch.ops.roseinfer.paged_attention
     got = op(*args)[0]
-    values = kv_int8.dequantize_rows(cache, torch.float64)[:, :, 0]  # [2, 8, Dh]
+    values = kv_int8.dequantize_rows(cache, torch.float64)[:, :8, 0]  # [2, 8, Dh]
     qi = kv_int8.dequantize_rows(kv_int8.quantize_rows(q[0]), torch.float64)  # [3, Dh]
     want = torch.softmax(qi @ values[0].T * 0.125, dim=-1) @ values[1]
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=2e-6)

@@ -6,7 +6,8 @@
 // row of head g over L positions (docs/CONTRACTS.md):
 //   qq, qs = the row's head g quantized as a cache row (q8_store_head: absmax / 127, rne)
 //   dot_t  = sum_i qq[i] * kq_t[i], exact in int32 (AVX2: vpsignb / vpabsb, vpmaddubsw,
-//            vpmaddwd; |dot_t| <= 256 * 128 * 127 < 2^24, so float(dot_t) is exact too)
+//            vpmaddwd; AMX: tdpbssd, q8_scores_amx; |dot_t| <= 256 * 128 * 127 < 2^24,
+//            so float(dot_t) is exact too)
 //   s_t    = (float(dot_t) * (qs * kscale_t)) * softmax_scale
 //   p_t    = softmax(s) as softmax_row (exp8 on groups of 8 positions, std::exp on the
 //            tail; p_t = e_t * (1 / sum))
@@ -15,6 +16,9 @@
 // pair on its own, so both implementations round exactly where their source says.
 
 #include "attention.h"
+#include <memory>
+
+#include "amx.h"
 #include "attention_parts.h"
 #include "kv_q8.h"
 
@@ -146,10 +150,78 @@ static inline void dots4(const int8_t* qq, const int8_t* const (&k)[4], __m128i 
 // int8 rows); qq: their quantized rows (kv_q8.h layout), qs their scales; scores [GB, L];
 // od [GB, DH].  Block-wise walks over the slots (no per-position cursor), the next block
 // prefetched.
+#ifdef ROSEINFER_AMX
+// The Q.K pass on AMX tiles (head dims of 64 bytes' multiples): per block of 16 slots one
+// strided tile load of the 16 K rows of head kh (tile 1, a 64-dim chunk at a time) times
+// the item's query heads arranged as a tile's B operand (tiles 2..: row r, column g: qq
+// bytes 4r..4r+3 of head g) gives the 16 x GB exact int32 dots (tile 0), the integers of
+// dots4; then each score as the vector loop makes it: (float(dot) * (qs * ks)) * scale.
+// Rows of a last, partial block past the context are loaded (the block is the pool's)
+// but their scores are not stored.
+inline TileConfig q8_attention_tiles() {
+  TileConfig c;
+  return c.tile(0, 16, 64).tile(1, 16, 64).tile(2, 16, 64).tile(3, 16, 64).tile(4, 16, 64)
+      .tile(5, 16, 64);
+}
+
+template <int DH, int GB>
+static void q8_scores_amx(const int8_t* qq, const float* qs, const int8_t* kc,
+                          const int32_t* table, int64_t L, int64_t rowb, int64_t bs,
+                          int64_t kh, float scale, float* scores) {
+  static_assert(DH % 64 == 0 && DH <= 256, "64-dim chunks, at most 4 B tiles");
+  constexpr int64_t kHead = DH + kQ8ScaleBytes, kChunks = DH / 64;
+  alignas(64) int8_t qb[kChunks][16 * 64] = {};  // B operands: [chunk][r][4g + i]
+  for (int64_t c = 0; c < kChunks; ++c)
+    for (int r = 0; r < 16; ++r)
+      for (int g = 0; g < GB; ++g)
+        for (int i = 0; i < 4; ++i) qb[c][r * 64 + 4 * g + i] = qq[g * kHead + 64 * c + 4 * r + i];
+  alignas(64) int32_t cb[16][16];
+  alignas(64) float ks[16];
+  const __m512i cols = _mm512_mullo_epi32(_mm512_set1_epi32(16),
+                                          _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
+                                                            11, 12, 13, 14, 15));
+  const __m512 sc = _mm512_set1_ps(scale);
+  const int64_t nblk = (L + bs - 1) / bs, bstride = bs * rowb;
+  tile_barrier();  // qb is written
+  RI_TILE_LOAD(2, qb[0], 64);
+  if constexpr (kChunks > 1) RI_TILE_LOAD(3, qb[1], 64);
+  if constexpr (kChunks > 2) RI_TILE_LOAD(4, qb[2], 64);
+  if constexpr (kChunks > 3) RI_TILE_LOAD(5, qb[3], 64);
+  for (int64_t b = 0; b < nblk; ++b) {
+    const int8_t* base = kc + table[b] * bstride + kh * kHead;
+    if (b + 1 < nblk) {  // the next block's rows of head kh
+      const int8_t* nb = kc + table[b + 1] * bstride + kh * kHead;
+      for (int64_t j = 0, n = std::min(bs, L - (b + 1) * bs); j < n; ++j) prefetch_row(nb + j * rowb, kHead);
+    }
+    for (int64_t r0 = 0, t1 = std::min(bs, L - b * bs); r0 < t1; r0 += 16) {
+      const int64_t n = std::min<int64_t>(16, t1 - r0);
+      const int8_t* rows = base + r0 * rowb;
+      RI_TILE_ZERO(0);
+      RI_TILE_LOAD(1, rows, rowb);
+      RI_TDP(tdpbssd, 0, 1, 2);
+      if constexpr (kChunks > 1) { RI_TILE_LOAD(1, rows + 64, rowb); RI_TDP(tdpbssd, 0, 1, 3); }
+      if constexpr (kChunks > 2) { RI_TILE_LOAD(1, rows + 128, rowb); RI_TDP(tdpbssd, 0, 1, 4); }
+      if constexpr (kChunks > 3) { RI_TILE_LOAD(1, rows + 192, rowb); RI_TDP(tdpbssd, 0, 1, 5); }
+      RI_TILE_STORE(0, cb);
+      for (int64_t j = 0; j < 16; ++j) ks[j] = j < n ? q8_scale(rows + j * rowb, DH) : 0.f;
+      const __m512 kv = _mm512_load_ps(ks);
+      const __mmask16 m = static_cast<__mmask16>((1u << n) - 1);
+      const int64_t t0 = b * bs + r0;
+      for (int g = 0; g < GB; ++g) {
+        const __m512i d = _mm512_i32gather_epi32(_mm512_add_epi32(cols, _mm512_set1_epi32(g)),
+                                                 &cb[0][0], 4);
+        const __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(_mm512_set1_ps(qs[g]), kv));
+        _mm512_mask_storeu_ps(scores + g * L + t0, m, _mm512_mul_ps(s, sc));
+      }
+    }
+  }
+}
+#endif  // ROSEINFER_AMX
+
 template <int DH, int GB>
 static void q8_heads(const int8_t* qq, const float* qs, const int8_t* kc, const int8_t* vc,
                      const int32_t* table, int64_t L, int64_t rowb, int64_t bs, int64_t kh,
-                     float scale, float* scores, float* od) {
+                     float scale, float* scores, float* od, bool tiles) {
   static_assert(DH % 32 == 0, "32 int8 values per vector");
   constexpr int64_t kHead = DH + kQ8ScaleBytes;
   const int8_t* zero = reinterpret_cast<const int8_t*>(kZeroRow);
@@ -165,7 +237,14 @@ static void q8_heads(const int8_t* qq, const float* qs, const int8_t* kc, const 
   };
   prefetch_block(kc, 0);  // one block ahead
   const __m128 sc = _mm_set1_ps(scale);
-  for (int64_t b = 0; b < nblk; ++b) {
+  bool tiled = false;  // the scores came from q8_scores_amx
+#ifdef ROSEINFER_AMX
+  if constexpr (DH % 64 == 0) {
+    if (tiles) q8_scores_amx<DH, GB>(qq, qs, kc, table, L, rowb, bs, kh, scale, scores);
+    tiled = tiles;
+  }
+#endif
+  for (int64_t b = 0; b < (tiled ? 0 : nblk); ++b) {
     if (b + 1 < nblk) prefetch_block(kc, b + 1);
     const int64_t t1 = std::min(bs, L - b * bs);
     const int8_t* base = rows_of(kc, b);
@@ -257,14 +336,14 @@ static void q8_heads(const int8_t* qq, const float* qs, const int8_t* kc, const 
 template <int DH>
 static void q8_item(const int8_t* qq, const float* qs, const int8_t* kc, const int8_t* vc,
                     const int32_t* table, int64_t L, int64_t G, int64_t rowb, int64_t bs,
-                    int64_t kh, float scale, float* scores, float* od) {
+                    int64_t kh, float scale, float* scores, float* od, bool tiles) {
   for (int64_t g0 = 0; g0 < G;) {
     const int64_t gb = std::min<int64_t>(3, G - g0);
     const int8_t* q = qq + g0 * (DH + kQ8ScaleBytes);
     float* o = od + g0 * DH;
-    if (gb == 3) q8_heads<DH, 3>(q, qs + g0, kc, vc, table, L, rowb, bs, kh, scale, scores, o);
-    else if (gb == 2) q8_heads<DH, 2>(q, qs + g0, kc, vc, table, L, rowb, bs, kh, scale, scores, o);
-    else q8_heads<DH, 1>(q, qs + g0, kc, vc, table, L, rowb, bs, kh, scale, scores, o);
+    if (gb == 3) q8_heads<DH, 3>(q, qs + g0, kc, vc, table, L, rowb, bs, kh, scale, scores, o, tiles);
+    else if (gb == 2) q8_heads<DH, 2>(q, qs + g0, kc, vc, table, L, rowb, bs, kh, scale, scores, o, tiles);
+    else q8_heads<DH, 1>(q, qs + g0, kc, vc, table, L, rowb, bs, kh, scale, scores, o, tiles);
     g0 += gb;
   }
 }
@@ -282,6 +361,14 @@ void attend_rows_q8(const float* q, const int8_t* kc, const int8_t* vc, const in
 #endif
   const std::vector<int64_t> order = item_order(seq_of, D, Hkv);
   at::parallel_for(0, D * Hkv, 1, [&](int64_t b0, int64_t e0) {
+    bool tiles = false;  // the Q.K pass on AMX tiles (q8_scores_amx)
+#ifdef ROSEINFER_AMX
+    std::unique_ptr<TileScope> tiles_on;
+    if (simd && Dh % 64 == 0 && bs % 16 == 0 && amx_permitted()) {  // whole 16-row loads
+      tiles_on = std::make_unique<TileScope>(q8_attention_tiles());
+      tiles = true;
+    }
+#endif
     std::vector<float> scores, qs(G);
     std::vector<int8_t> qq(G * q8_row_bytes(Dh));  // the item's query heads, quantized
     for (int64_t i = b0; i < e0; ++i) {
@@ -300,7 +387,8 @@ void attend_rows_q8(const float* q, const int8_t* kc, const int8_t* vc, const in
       if (simd) {
         auto run = Dh == 32 ? q8_item<32> : Dh == 64 ? q8_item<64>
                  : Dh == 128 ? q8_item<128> : q8_item<256>;
-        run(qq.data(), qs.data(), kc, vc, table, L, G, rowb, bs, kh, scale, scores.data(), od);
+        run(qq.data(), qs.data(), kc, vc, table, L, G, rowb, bs, kh, scale, scores.data(), od,
+            tiles);
         continue;
       }
 #endif
