@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -74,8 +75,6 @@ def check_formats(tmp: Path) -> bool:
 
 def report_invariance() -> None:
     """The target request alone, then with 15 others: are its logits rows bitwise equal?"""
-    import random
-
     from tests.engine.invariance_helpers import (
         Arrival,
         greedy,

@@ -9,6 +9,7 @@ same greedy tokens, logits within the dtype's rounding.
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -39,8 +40,6 @@ GGUF_TYPES = {"token_embd": QT.Q8_0, "attn_q": QT.Q4_0, "attn_k": QT.Q4_1, "attn
 
 def _run(device: str, quantization: str = "none", **options: object) -> RunResult:
     """Four requests of mixed lengths, batched, greedy: each one's logits rows and tokens."""
-    import random
-
     rng = random.Random(0)
     engine = make_engine(tiny_gqa_llama(), quantization, device=device, **options)
     arrivals = [Arrival(step, f"r{i}", random_prompt(rng, length), greedy(10))

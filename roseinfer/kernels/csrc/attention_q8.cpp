@@ -6,7 +6,7 @@
 // row of head g over L positions (docs/CONTRACTS.md):
 //   qq, qs = the row's head g quantized as a cache row (q8_store_head: absmax / 127, rne)
 //   dot_t  = sum_i qq[i] * kq_t[i], exact in int32 (AVX2: vpsignb / vpabsb, vpmaddubsw,
-//            vpmaddwd; AMX: tdpbssd, q8_scores_amx; |dot_t| <= 256 * 128 * 127 < 2^24,
+//            vpmaddwd; AMX: tdpbssd, q8_block_scores_amx; |dot_t| <= 256 * 128 * 127 < 2^24,
 //            so float(dot_t) is exact too)
 //   s_t    = (float(dot_t) * (qs * kscale_t)) * softmax_scale
 //   p_t    = softmax(s) as softmax_row (exp8 on groups of 8 positions, std::exp on the
@@ -151,13 +151,13 @@ static inline void dots4(const int8_t* qq, const int8_t* const (&k)[4], __m128i 
 // od [GB, DH].  Block-wise walks over the slots (no per-position cursor), the next block
 // prefetched.
 #ifdef ROSEINFER_AMX
-// The Q.K pass on AMX tiles (head dims of 64 bytes' multiples): per block of 16 slots one
-// strided tile load of the 16 K rows of head kh (tile 1, a 64-dim chunk at a time) times
-// the item's query heads arranged as a tile's B operand (tiles 2..: row r, column g: qq
-// bytes 4r..4r+3 of head g) gives the 16 x GB exact int32 dots (tile 0), the integers of
-// dots4; then each score as the vector loop makes it: (float(dot) * (qs * ks)) * scale.
-// Rows of a last, partial block past the context are loaded (the block is the pool's)
-// but their scores are not stored.
+// The Q.K pass on AMX tiles (head dims of 64 bytes' multiples, blocks of 16-slot
+// multiples): the item's query heads as the tiles' B operand (tiles 2..: row r, column g:
+// qq bytes 4r..4r+3 of head g, one tile per 64 dims), loaded once; then per 16 slots of
+// a block one strided tile load of head kh's K rows (tile 1) gives the 16 x GB exact
+// int32 dots (tile 0), the integers of dots4, and each score is made as the vector loop
+// makes it: (float(dot) * (qs * ks)) * scale.  Rows of a last, partial block past the
+// context are loaded (the block is the pool's) but their scores are not stored.
 inline TileConfig q8_attention_tiles() {
   TileConfig c;
   return c.tile(0, 16, 64).tile(1, 16, 64).tile(2, 16, 64).tile(3, 16, 64).tile(4, 16, 64)
@@ -165,54 +165,51 @@ inline TileConfig q8_attention_tiles() {
 }
 
 template <int DH, int GB>
-static void q8_scores_amx(const int8_t* qq, const float* qs, const int8_t* kc,
-                          const int32_t* table, int64_t L, int64_t rowb, int64_t bs,
-                          int64_t kh, float scale, float* scores) {
+static void q8_query_tiles(const int8_t* qq) {
   static_assert(DH % 64 == 0 && DH <= 256, "64-dim chunks, at most 4 B tiles");
   constexpr int64_t kHead = DH + kQ8ScaleBytes, kChunks = DH / 64;
-  alignas(64) int8_t qb[kChunks][16 * 64] = {};  // B operands: [chunk][r][4g + i]
+  alignas(64) int8_t qb[kChunks][16 * 64] = {};  // [chunk][r][4g + i]
   for (int64_t c = 0; c < kChunks; ++c)
     for (int r = 0; r < 16; ++r)
       for (int g = 0; g < GB; ++g)
         for (int i = 0; i < 4; ++i) qb[c][r * 64 + 4 * g + i] = qq[g * kHead + 64 * c + 4 * r + i];
-  alignas(64) int32_t cb[16][16];
-  alignas(64) float ks[16];
-  const __m512i cols = _mm512_mullo_epi32(_mm512_set1_epi32(16),
-                                          _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
-                                                            11, 12, 13, 14, 15));
-  const __m512 sc = _mm512_set1_ps(scale);
-  const int64_t nblk = (L + bs - 1) / bs, bstride = bs * rowb;
   tile_barrier();  // qb is written
   RI_TILE_LOAD(2, qb[0], 64);
   if constexpr (kChunks > 1) RI_TILE_LOAD(3, qb[1], 64);
   if constexpr (kChunks > 2) RI_TILE_LOAD(4, qb[2], 64);
   if constexpr (kChunks > 3) RI_TILE_LOAD(5, qb[3], 64);
-  for (int64_t b = 0; b < nblk; ++b) {
-    const int8_t* base = kc + table[b] * bstride + kh * kHead;
-    if (b + 1 < nblk) {  // the next block's rows of head kh
-      const int8_t* nb = kc + table[b + 1] * bstride + kh * kHead;
-      for (int64_t j = 0, n = std::min(bs, L - (b + 1) * bs); j < n; ++j) prefetch_row(nb + j * rowb, kHead);
-    }
-    for (int64_t r0 = 0, t1 = std::min(bs, L - b * bs); r0 < t1; r0 += 16) {
-      const int64_t n = std::min<int64_t>(16, t1 - r0);
-      const int8_t* rows = base + r0 * rowb;
-      RI_TILE_ZERO(0);
-      RI_TILE_LOAD(1, rows, rowb);
-      RI_TDP(tdpbssd, 0, 1, 2);
-      if constexpr (kChunks > 1) { RI_TILE_LOAD(1, rows + 64, rowb); RI_TDP(tdpbssd, 0, 1, 3); }
-      if constexpr (kChunks > 2) { RI_TILE_LOAD(1, rows + 128, rowb); RI_TDP(tdpbssd, 0, 1, 4); }
-      if constexpr (kChunks > 3) { RI_TILE_LOAD(1, rows + 192, rowb); RI_TDP(tdpbssd, 0, 1, 5); }
-      RI_TILE_STORE(0, cb);
-      for (int64_t j = 0; j < 16; ++j) ks[j] = j < n ? q8_scale(rows + j * rowb, DH) : 0.f;
-      const __m512 kv = _mm512_load_ps(ks);
-      const __mmask16 m = static_cast<__mmask16>((1u << n) - 1);
-      const int64_t t0 = b * bs + r0;
-      for (int g = 0; g < GB; ++g) {
-        const __m512i d = _mm512_i32gather_epi32(_mm512_add_epi32(cols, _mm512_set1_epi32(g)),
-                                                 &cb[0][0], 4);
-        const __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(_mm512_set1_ps(qs[g]), kv));
-        _mm512_mask_storeu_ps(scores + g * L + t0, m, _mm512_mul_ps(s, sc));
-      }
+}
+
+// The scores of a block's first t1 slots (rows at base, rowb apart) into scores[g * L + t]
+// (scores: the block's first position).
+template <int DH, int GB>
+static void q8_block_scores_amx(const int8_t* base, int64_t t1, int64_t rowb, const float* qs,
+                                float scale, float* scores, int64_t L) {
+  constexpr int64_t kChunks = DH / 64;
+  alignas(64) static const int32_t kCol[16] = {0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160,
+                                               176, 192, 208, 224, 240};  // cb[j][0]
+  alignas(64) int32_t cb[16][16];
+  alignas(64) float ks[16];
+  const __m512i col = _mm512_load_si512(kCol);
+  const __m512 sc = _mm512_set1_ps(scale);
+  for (int64_t r0 = 0; r0 < t1; r0 += 16) {
+    const int64_t n = std::min<int64_t>(16, t1 - r0);
+    const int8_t* rows = base + r0 * rowb;
+    RI_TILE_ZERO(0);
+    RI_TILE_LOAD(1, rows, rowb);
+    RI_TDP(tdpbssd, 0, 1, 2);
+    if constexpr (kChunks > 1) { RI_TILE_LOAD(1, rows + 64, rowb); RI_TDP(tdpbssd, 0, 1, 3); }
+    if constexpr (kChunks > 2) { RI_TILE_LOAD(1, rows + 128, rowb); RI_TDP(tdpbssd, 0, 1, 4); }
+    if constexpr (kChunks > 3) { RI_TILE_LOAD(1, rows + 192, rowb); RI_TDP(tdpbssd, 0, 1, 5); }
+    RI_TILE_STORE(0, cb);
+    for (int64_t j = 0; j < 16; ++j) ks[j] = j < n ? q8_scale(rows + j * rowb, DH) : 0.f;
+    const __m512 kv = _mm512_load_ps(ks);
+    const __mmask16 m = static_cast<__mmask16>((1u << n) - 1);
+    for (int g = 0; g < GB; ++g) {  // column g of cb: the 16 slots' dots with head g
+      const __m512i d = _mm512_i32gather_epi32(_mm512_add_epi32(col, _mm512_set1_epi32(g)),
+                                               &cb[0][0], 4);
+      const __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(_mm512_set1_ps(qs[g]), kv));
+      _mm512_mask_storeu_ps(scores + g * L + r0, m, _mm512_mul_ps(s, sc));
     }
   }
 }
@@ -237,17 +234,23 @@ static void q8_heads(const int8_t* qq, const float* qs, const int8_t* kc, const 
   };
   prefetch_block(kc, 0);  // one block ahead
   const __m128 sc = _mm_set1_ps(scale);
-  bool tiled = false;  // the scores came from q8_scores_amx
 #ifdef ROSEINFER_AMX
   if constexpr (DH % 64 == 0) {
-    if (tiles) q8_scores_amx<DH, GB>(qq, qs, kc, table, L, rowb, bs, kh, scale, scores);
-    tiled = tiles;
+    if (tiles) q8_query_tiles<DH, GB>(qq);
   }
 #endif
-  for (int64_t b = 0; b < (tiled ? 0 : nblk); ++b) {
+  for (int64_t b = 0; b < nblk; ++b) {
     if (b + 1 < nblk) prefetch_block(kc, b + 1);
     const int64_t t1 = std::min(bs, L - b * bs);
     const int8_t* base = rows_of(kc, b);
+#ifdef ROSEINFER_AMX
+    if constexpr (DH % 64 == 0) {
+      if (tiles) {
+        q8_block_scores_amx<DH, GB>(base, t1, rowb, qs, scale, scores + b * bs, L);
+        continue;
+      }
+    }
+#endif
     for (int64_t r = 0; r < t1; r += 4) {
       const int64_t n = std::min<int64_t>(4, t1 - r), t0 = b * bs + r;
       const int8_t* k[4];
@@ -361,7 +364,7 @@ void attend_rows_q8(const float* q, const int8_t* kc, const int8_t* vc, const in
 #endif
   const std::vector<int64_t> order = item_order(seq_of, D, Hkv);
   at::parallel_for(0, D * Hkv, 1, [&](int64_t b0, int64_t e0) {
-    bool tiles = false;  // the Q.K pass on AMX tiles (q8_scores_amx)
+    bool tiles = false;  // the Q.K pass on AMX tiles (q8_block_scores_amx)
 #ifdef ROSEINFER_AMX
     std::unique_ptr<TileScope> tiles_on;
     if (simd && Dh % 64 == 0 && bs % 16 == 0 && amx_permitted()) {  // whole 16-row loads
