@@ -42,6 +42,64 @@ constexpr int64_t kAhead = 32;
 alignas(64) static const float kZeroRow[256] = {};  // a padding K row (zero bits: fp32, fp16 or int8 with scale 0)
 
 #ifdef ROSEINFER_AVX2
+// The next sequence's K and V blocks, fetched into L2 while the current one is computed.
+// At large batch every sequence's cache comes from DRAM once per step; a block one ahead
+// (prefetch_row) covers the latency, not the stream: a core then waits on memory, then
+// computes.  start() at a sequence's first item names the next sequence's blocks (up to
+// max_bytes of them, from its first: the lines a thread reads next); each step() issues
+// the next share of their lines, spread evenly over the `steps` calls the current sequence
+// makes (bunched, the prefetches stall on the core's fill buffers: measured slower).
+// Only when data arrives changes, never a value.
+class SequencePrefetch {
+ public:
+  void start(const void* kc, const void* vc, const int32_t* table, int64_t nblk,
+             int64_t bstride, int64_t steps, int64_t max_bytes) {
+    half_[0] = static_cast<const char*>(kc);
+    half_[1] = static_cast<const char*>(vc);
+    table_ = table;
+    bstride_ = bstride;
+    lines_ = (bstride + 63) / 64;
+    nblk_ = std::max<int64_t>(1, std::min(nblk, max_bytes / (2 * bstride)));
+    h_ = b_ = ln_ = 0;
+    quota_ = std::max<int64_t>(1, (2 * nblk_ * lines_ + steps - 1) / std::max<int64_t>(1, steps));
+  }
+  void stop() { h_ = 2; }
+  inline void step() {
+    for (int64_t n = 0; n < quota_ && h_ < 2; ++n) {
+      _mm_prefetch(half_[h_] + table_[b_] * bstride_ + ln_ * 64, _MM_HINT_T1);
+      if (++ln_ == lines_) {
+        ln_ = 0;
+        if (++b_ == nblk_) b_ = 0, ++h_;  // K's blocks, then V's
+      }
+    }
+  }
+
+ private:
+  const char* half_[2] = {nullptr, nullptr};
+  const int32_t* table_ = nullptr;
+  int64_t bstride_ = 0, lines_ = 0, nblk_ = 0, quota_ = 0;
+  int64_t h_ = 2, b_ = 0, ln_ = 0;  // the next line: half h_, block b_, line ln_
+};
+
+// Called at each item i of a thread's range [b, e) of `order`: at a sequence's first item,
+// aims `ahead` at the range's next sequence, its share spread over the step() calls of
+// this sequence's items (steps_per_block per block of context each).  At most a quarter
+// of L2 ahead: this sequence's rows stay.
+inline void aim_at_next_sequence(SequencePrefetch& ahead, const std::vector<int64_t>& order,
+                                 int64_t i, int64_t b, int64_t e, const int32_t* seq_of,
+                                 const int32_t* lens, int64_t Hkv, const int32_t* bt,
+                                 int64_t bt_stride, const void* kc, const void* vc, int64_t bs,
+                                 int64_t bstride, int64_t steps_per_block, int64_t l2_bytes) {
+  const int32_t seq = seq_of[order[i] / Hkv];
+  if (i > b && seq_of[order[i - 1] / Hkv] == seq) return;  // not the sequence's first item
+  int64_t j = i, steps = 0;
+  for (; j < e && seq_of[order[j] / Hkv] == seq; ++j)
+    steps += steps_per_block * ((lens[order[j] / Hkv] + bs - 1) / bs);
+  if (j == e) return ahead.stop();
+  const int64_t d = order[j] / Hkv, nblk = (lens[d] + bs - 1) / bs;
+  ahead.start(kc, vc, bt + (int64_t)seq_of[d] * bt_stride, nblk, bstride, steps, l2_bytes / 4);
+}
+
 // sg[t] = exp(sg[t] - max) / sum over t < L.
 static inline void softmax_row(float* sg, int64_t L) {
   __m256 vm = _mm256_set1_ps(-INFINITY);  // the max is exact: any order gives the same

@@ -14,6 +14,8 @@
 #include <cstring>
 #include <vector>
 
+#include <unistd.h>
+
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define ROSEINFER_AVX2 1
 #include <immintrin.h>
@@ -65,6 +67,12 @@ inline void with_kv_halves(const at::Tensor& kv_cache, F&& f) {
 // The head dim of a cache [2, slots, Hkv, row]: the row, less the scale of an int8 cache.
 inline int64_t cache_head_dim(const at::Tensor& kv_cache) {
   return kv_cache.size(3) - (kv_cache.scalar_type() == at::kChar ? 4 : 0);
+}
+
+// This core's L2 bytes (the OS's figure; 1 MiB where it gives none).
+inline int64_t l2_cache_bytes() {
+  const long n = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  return n > 0 ? n : int64_t{1} << 20;
 }
 
 #ifdef ROSEINFER_AVX2
