@@ -219,7 +219,7 @@ template <int DH, int GB>
 static void q8_heads(const int8_t* qq, const float* qs, const int8_t* kc, const int8_t* vc,
                      const int32_t* table, int64_t L, int64_t rowb, int64_t bs, int64_t kh,
                      float scale, float* scores, float* od, bool tiles,
-                     SequencePrefetch& ahead) {
+                     SequencePrefetch& next_seq) {
   static_assert(DH % 32 == 0, "32 int8 values per vector");
   constexpr int64_t kHead = DH + kQ8ScaleBytes;
   const int8_t* zero = reinterpret_cast<const int8_t*>(kZeroRow);
@@ -242,7 +242,7 @@ static void q8_heads(const int8_t* qq, const float* qs, const int8_t* kc, const 
 #endif
   for (int64_t b = 0; b < nblk; ++b) {
     if (b + 1 < nblk) prefetch_block(kc, b + 1);
-    ahead.step();
+    next_seq.step();
     const int64_t t1 = std::min(bs, L - b * bs);
     const int8_t* base = rows_of(kc, b);
 #ifdef ROSEINFER_AMX
@@ -294,7 +294,7 @@ static void q8_heads(const int8_t* qq, const float* qs, const int8_t* kc, const 
     for (int g = 0; g < GB; ++g)
       for (int u = 0; u < kChunkZ; ++u) acc[g][u] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nblk; ++b) {
-      if (ch == 0) ahead.step();
+      if (ch == 0) next_seq.step();
       const int8_t* base = rows_of(vc, b) + 16 * ch;
       const float* pb = scores + b * bs;
       for (int64_t r = 0, t1 = std::min(bs, L - b * bs); r < t1; ++r) {
@@ -318,7 +318,7 @@ static void q8_heads(const int8_t* qq, const float* qs, const int8_t* kc, const 
     for (int g = 0; g < GB; ++g)
       for (int u = 0; u < kChunk; ++u) acc[g][u] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nblk; ++b) {
-      if (ch == 0) ahead.step();
+      if (ch == 0) next_seq.step();
       const int8_t* base = rows_of(vc, b) + 8 * ch;
       const float* pb = scores + b * bs;
       for (int64_t r = 0, t1 = std::min(bs, L - b * bs); r < t1; ++r) {
@@ -344,14 +344,14 @@ template <int DH>
 static void q8_item(const int8_t* qq, const float* qs, const int8_t* kc, const int8_t* vc,
                     const int32_t* table, int64_t L, int64_t G, int64_t rowb, int64_t bs,
                     int64_t kh, float scale, float* scores, float* od, bool tiles,
-                    SequencePrefetch& ahead) {
+                    SequencePrefetch& next_seq) {
   for (int64_t g0 = 0; g0 < G;) {
     const int64_t gb = std::min<int64_t>(3, G - g0);
     const int8_t* q = qq + g0 * (DH + kQ8ScaleBytes);
     float* o = od + g0 * DH;
-    if (gb == 3) q8_heads<DH, 3>(q, qs + g0, kc, vc, table, L, rowb, bs, kh, scale, scores, o, tiles, ahead);
-    else if (gb == 2) q8_heads<DH, 2>(q, qs + g0, kc, vc, table, L, rowb, bs, kh, scale, scores, o, tiles, ahead);
-    else q8_heads<DH, 1>(q, qs + g0, kc, vc, table, L, rowb, bs, kh, scale, scores, o, tiles, ahead);
+    if (gb == 3) q8_heads<DH, 3>(q, qs + g0, kc, vc, table, L, rowb, bs, kh, scale, scores, o, tiles, next_seq);
+    else if (gb == 2) q8_heads<DH, 2>(q, qs + g0, kc, vc, table, L, rowb, bs, kh, scale, scores, o, tiles, next_seq);
+    else q8_heads<DH, 1>(q, qs + g0, kc, vc, table, L, rowb, bs, kh, scale, scores, o, tiles, next_seq);
     g0 += gb;
   }
 }
@@ -381,14 +381,14 @@ void attend_rows_q8(const float* q, const int8_t* kc, const int8_t* vc, const in
     std::vector<float> scores, qs(G);
     std::vector<int8_t> qq(G * q8_row_bytes(Dh));  // the item's query heads, quantized
 #ifdef ROSEINFER_AVX2
-    SequencePrefetch ahead;
+    SequencePrefetch next_seq;
     const int64_t steps_per_block = 2 * ((G + 2) / 3);  // q8_heads' K and P.V block loops
 #endif
     for (int64_t i = b0; i < e0; ++i) {
       const int64_t item = order[i], d = item / Hkv, kh = item % Hkv;
 #ifdef ROSEINFER_AVX2
       if (simd)
-        aim_at_next_sequence(ahead, order, i, b0, e0, seq_of, lens, Hkv, bt, bt_stride, kc, vc,
+        aim_at_next_sequence(next_seq, order, i, b0, e0, seq_of, lens, Hkv, bt, bt_stride, kc, vc,
                              bs, bs * rowb, steps_per_block, l2_bytes);
 #endif
       const int64_t L = lens[d];
@@ -406,7 +406,7 @@ void attend_rows_q8(const float* q, const int8_t* kc, const int8_t* vc, const in
         auto run = Dh == 32 ? q8_item<32> : Dh == 64 ? q8_item<64>
                  : Dh == 128 ? q8_item<128> : q8_item<256>;
         run(qq.data(), qs.data(), kc, vc, table, L, G, rowb, bs, kh, scale, scores.data(), od,
-            tiles, ahead);
+            tiles, next_seq);
         continue;
       }
 #endif
