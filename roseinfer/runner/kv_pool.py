@@ -14,7 +14,11 @@ Size (``num_kv_blocks``), first match wins:
 
 On CPU the pool's memory is an anonymous mapping per layer (``allocate_kv_caches``):
 zero pages the kernel only backs when a block is first written, so a large default
-pool costs memory as it fills, not at start (on other devices: ``torch.zeros``).
+pool costs memory as it fills, not at start (on other devices: ``torch.zeros``).  The
+mapping is private and advised ``MADV_HUGEPAGE``: with transparent huge pages in
+``madvise`` mode it is backed 2 MiB at a time, which spares attention the TLB misses of
+4 KiB pages (docs/kv-cache.md: float16's op ~10% faster at batch 64).  A shared
+anonymous mapping (Python's default) would never get huge pages in that mode.
 """
 
 from __future__ import annotations
@@ -108,8 +112,14 @@ def allocate_kv_caches(model_config: ModelConfig, num_blocks: int, block_size: i
         return [torch.zeros(shape, dtype=dtype, device=device)
                 for _ in range(model_config.num_layers)]
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    caches = []
-    for _ in range(model_config.num_layers):
-        pages = mmap.mmap(-1, nbytes)  # anonymous: zero-filled, backed when first written
-        caches.append(torch.frombuffer(pages, dtype=dtype).view(shape))
-    return caches
+    return [torch.frombuffer(anonymous_pages(nbytes), dtype=dtype).view(shape)
+            for _ in range(model_config.num_layers)]
+
+
+def anonymous_pages(nbytes: int) -> mmap.mmap:
+    """Private anonymous memory, zero-filled and backed when first written, advised
+    ``MADV_HUGEPAGE`` where the OS has it (advice: ignored where THP is off)."""
+    pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        pages.madvise(mmap.MADV_HUGEPAGE)
+    return pages

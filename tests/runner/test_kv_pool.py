@@ -4,6 +4,8 @@ lazily backed memory on CPU (``roseinfer/runner/kv_pool.py``)."""
 from __future__ import annotations
 
 import logging
+import mmap
+import os
 
 import psutil
 import pytest
@@ -70,6 +72,31 @@ def test_cpu_pool_is_zero_and_backed_as_written() -> None:
     caches[1][0, :4096].fill_(1.5)  # 128 KiB written
     assert caches[1][0, :4096].eq(1.5).all() and caches[1][1, :8].eq(0).all()
     assert proc.memory_info().rss - before < (64 << 20)
+
+
+def _vm_flags(address: int) -> set[str]:
+    """The VmFlags of this process's mapping that holds ``address`` (/proc/self/smaps)."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and head == "VmFlags:":
+                return set(line.split()[1:])
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE") or not os.path.exists("/proc/self/smaps"),
+                    reason="needs Linux's MADV_HUGEPAGE and /proc/self/smaps")
+def test_cpu_pool_is_private_and_advised_huge_pages() -> None:
+    """Each layer's pool is a private mapping advised MADV_HUGEPAGE ("hg"): a shared one
+    ("sh") never gets transparent huge pages in THP's madvise mode."""
+    caches = allocate_kv_caches(MODEL, 4096, 16, F16, torch.device("cpu"))
+    for cache in caches:
+        flags = _vm_flags(cache.data_ptr())
+        assert "hg" in flags and "sh" not in flags, flags
 
 
 def test_default_pool_on_cuda_is_sized_by_the_device_memory(monkeypatch) -> None:
