@@ -17,7 +17,6 @@ prints batch 1's decode speed as a percentage of that limit.
 
 from __future__ import annotations
 
-import mmap
 import time
 from pathlib import Path
 
@@ -25,16 +24,14 @@ import torch
 
 from roseinfer.model.config import ModelConfig
 from roseinfer.model.gguf_header import map_file, parse_header
+from roseinfer.runner.kv_pool import anonymous_pages
 
 _BYTES_PER_WEIGHT = {"int8": 34 / 32, "fp16": 2.0, "fp16+bf16": 2.0, "none": 4.0}
 
 
 def read_bandwidth_gbs(nbytes: int = 1 << 30, repeats: int = 5) -> float:
     """Best read bandwidth (GB/s, 1e9 bytes) of ``repeats`` sums over ``nbytes`` of fp32."""
-    pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)  # shared memory: no huge pages
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        pages.madvise(mmap.MADV_HUGEPAGE)
-    data = torch.frombuffer(pages, dtype=torch.float32)
+    data = torch.frombuffer(anonymous_pages(nbytes), dtype=torch.float32)  # as the KV pool
     data.fill_(1.0)
     data.sum()  # page in and warm the threads
     best = float("inf")
