@@ -70,7 +70,8 @@ class TileScope {
 // A tile load reads memory the compiler does not see: whoever writes what tiles read
 // issues tile_barrier() before (a compiler barrier; one per tile loop, not per load,
 // so the loops' accumulators stay in registers).  A tile store names its 16 x 16 int32
-// destination array as its output, so the loads of it after are ordered after it.
+// destination array as its output, so the loads of it after are ordered after it
+// (RI_TILE_STORE_AT: its rows `stride` bytes apart instead of 64).
 // RI_TDP(op, c, a, b): tile c += a . b (tdpbssd / tdpbsud / tdpbusd / tdpbuud: a's and
 // b's bytes signed (s) or unsigned (u), four products per int32 lane).
 #define RI_TILE_ZERO(t) asm volatile("tilezero %%tmm" #t ::)
@@ -78,6 +79,8 @@ class TileScope {
   asm volatile("tileloadd (%0,%1,1), %%tmm" #t ::"r"(base), "r"(static_cast<long>(stride)))
 #define RI_TILE_STORE(t, arr) \
   asm volatile("tilestored %%tmm" #t ", (%1,%2,1)" : "=m"(arr) : "r"(arr), "r"(64L))
+#define RI_TILE_STORE_AT(t, arr, stride) \
+  asm volatile("tilestored %%tmm" #t ", (%1,%2,1)" : "=m"(arr) : "r"(arr), "r"(static_cast<long>(stride)))
 #define RI_TDP(op, c, a, b) asm volatile(#op " %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
 inline void tile_barrier() { asm volatile("" ::: "memory"); }
 #endif  // ROSEINFER_AMX

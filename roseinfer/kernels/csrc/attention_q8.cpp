@@ -157,11 +157,16 @@ static inline void dots4(const int8_t* qq, const int8_t* const (&k)[4], __m128i 
 // a block one strided tile load of head kh's K rows (tile 1) gives the 16 x GB exact
 // int32 dots (tile 0), the integers of dots4, and each score is made as the vector loop
 // makes it: (float(dot) * (qs * ks)) * scale.  Rows of a last, partial block past the
-// context are loaded (the block is the pool's) but their scores are not stored.
+// context are loaded (the block is the pool's) but their scores are not stored.  The
+// dots and query tiles are kQ8TileHeads columns wide (a pass's heads, q8_item), not 16:
+// their store is 12 bytes a slot, read back by two permutes a head instead of a gather
+// (the op alone at batch 64, context 1,024: ~9% less compute, docs/kv-cache.md).
+constexpr int kQ8TileHeads = 3;
 inline TileConfig q8_attention_tiles() {
+  constexpr int kW = 4 * kQ8TileHeads;  // bytes a row: one int32 / 4 int8 per head
   TileConfig c;
-  return c.tile(0, 16, 64).tile(1, 16, 64).tile(2, 16, 64).tile(3, 16, 64).tile(4, 16, 64)
-      .tile(5, 16, 64);
+  return c.tile(0, 16, kW).tile(1, 16, 64).tile(2, 16, kW).tile(3, 16, kW).tile(4, 16, kW)
+      .tile(5, 16, kW);
 }
 
 template <int DH, int GB>
@@ -186,11 +191,17 @@ template <int DH, int GB>
 static void q8_block_scores_amx(const int8_t* base, int64_t t1, int64_t rowb, const float* qs,
                                 float scale, float* scores, int64_t L) {
   constexpr int64_t kChunks = DH / 64;
-  alignas(64) static const int32_t kCol[16] = {0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160,
-                                               176, 192, 208, 224, 240};  // cb[j][0]
-  alignas(64) int32_t cb[16][16];
+  // Head g's dot of slot j at cb[kQ8TileHeads * j + g] (slots 12 bytes apart): lane j of
+  // z0 / z1 / z2 (cb's 48 values) picked by index 3j + g; the lanes where 3j + g >= 32
+  // from z2 (its low 4 bits index z2's lanes).
+  static_assert(kQ8TileHeads == 3 && GB <= kQ8TileHeads, "the index tables below; q8_item's passes");
+  alignas(64) static const int32_t kIdx[3][16] = {
+      {0, 3, 6, 9, 12, 15, 18, 21, 24, 27, 30, 33, 36, 39, 42, 45},
+      {1, 4, 7, 10, 13, 16, 19, 22, 25, 28, 31, 34, 37, 40, 43, 46},
+      {2, 5, 8, 11, 14, 17, 20, 23, 26, 29, 32, 35, 38, 41, 44, 47}};
+  constexpr __mmask16 kFromZ2[3] = {0xF800, 0xF800, 0xFC00};
+  alignas(64) int32_t cb[16 * kQ8TileHeads];
   alignas(64) float ks[16];
-  const __m512i col = _mm512_load_si512(kCol);
   const __m512 sc = _mm512_set1_ps(scale);
   for (int64_t r0 = 0; r0 < t1; r0 += 16) {
     const int64_t n = std::min<int64_t>(16, t1 - r0);
@@ -201,13 +212,16 @@ static void q8_block_scores_amx(const int8_t* base, int64_t t1, int64_t rowb, co
     if constexpr (kChunks > 1) { RI_TILE_LOAD(1, rows + 64, rowb); RI_TDP(tdpbssd, 0, 1, 3); }
     if constexpr (kChunks > 2) { RI_TILE_LOAD(1, rows + 128, rowb); RI_TDP(tdpbssd, 0, 1, 4); }
     if constexpr (kChunks > 3) { RI_TILE_LOAD(1, rows + 192, rowb); RI_TDP(tdpbssd, 0, 1, 5); }
-    RI_TILE_STORE(0, cb);
+    RI_TILE_STORE_AT(0, cb, 4 * kQ8TileHeads);
     for (int64_t j = 0; j < 16; ++j) ks[j] = j < n ? q8_scale(rows + j * rowb, DH) : 0.f;
     const __m512 kv = _mm512_load_ps(ks);
     const __mmask16 m = static_cast<__mmask16>((1u << n) - 1);
+    const __m512i z0 = _mm512_load_si512(cb), z1 = _mm512_load_si512(cb + 16),
+                  z2 = _mm512_load_si512(cb + 32);
     for (int g = 0; g < GB; ++g) {  // column g of cb: the 16 slots' dots with head g
-      const __m512i d = _mm512_i32gather_epi32(_mm512_add_epi32(col, _mm512_set1_epi32(g)),
-                                               &cb[0][0], 4);
+      const __m512i idx = _mm512_load_si512(kIdx[g]);
+      const __m512i d =
+          _mm512_mask_permutexvar_epi32(_mm512_permutex2var_epi32(z0, idx, z1), kFromZ2[g], idx, z2);
       const __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(_mm512_set1_ps(qs[g]), kv));
       _mm512_mask_storeu_ps(scores + g * L + r0, m, _mm512_mul_ps(s, sc));
     }
