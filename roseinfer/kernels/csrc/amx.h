@@ -18,12 +18,11 @@
 namespace roseinfer {
 
 constexpr int64_t kAmxRows = 16;     // rows of a tile product
-// Rows a step needs before its whole 16-row tiles run on the tiles (docs/performance.md,
-// "AMX from 16 rows"): act8 (gate/up) from one tile; a GGUF panel decoded for the tiles
-// takes K / 32 x 512 bytes, which at 16 and 32 rows pays off while it sits in half of L1
-// (K <= 1536), else from 48 rows.
-constexpr int64_t kAmxAct8MinRows = 16;
-constexpr int64_t gguf_amx_min_rows(int64_t K) { return K <= 1536 ? 16 : 48; }
+// Rows a step needs before its whole 16-row tiles run on the tiles: one tile, for act8
+// (gate/up) and GGUF panels alike (docs/performance.md, "AMX from 16 rows" and
+// "Tile-ordered activations": with the activations laid out a tile's block at a time,
+// the tiles beat the vector loops from 16 rows at every K measured, 576 to 8192).
+constexpr int64_t kAmxMinRows = 16;
 
 #ifdef ROSEINFER_AMX
 // Whether this process may use the tiles: Linux hands out the tile data state on

@@ -1,7 +1,7 @@
 // The GGUF GEMM (gguf_gemm.h) on AMX tiles for 16-row tiles of steps of many rows: a
 // panel's 32-blocks are decoded once (gguf_decode.h's int16 values v = q - offset, as
 // int8 in the tiles' layout: row k/4, column c's four values at 4c), the int16
-// activations split into bytes (x = 256 hi + lo, lo unsigned, hi signed), and per block
+// activations split into bytes (x = 256 hi + lo, lo unsigned, hi signed; split_tiles), and per block
 // two tile products give the exact int32 dots: dot = 256 * (hi . v) + (lo . v), the
 // integers of the vector loops.  Then each block's fp32 steps, block_step (gguf_tiles.h)
 // as in tile_blocks_zmm, in block order: the same bits.  Formats with one scale per
@@ -23,15 +23,25 @@ inline TileConfig gguf_tile_config() {
   return c.tile(0, 16, 64).tile(1, 16, 64).tile(2, 16, 32).tile(3, 16, 32).tile(4, 8, 64);
 }
 
-// int16 activations as two byte planes: x = 256 * hi + lo (lo unsigned, hi signed).
-inline void split_bytes(const int16_t* x, int64_t n, uint8_t* lo, int8_t* hi) {
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    const __m512i v = _mm512_loadu_si512(x + i);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + i), _mm512_cvtepi16_epi8(v));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + i), _mm512_cvtepi16_epi8(_mm512_srai_epi16(v, 8)));
-  }
-  for (; i < n; ++i) lo[i] = static_cast<uint8_t>(x[i] & 255), hi[i] = static_cast<int8_t>(x[i] >> 8);
+// int16 activations as two byte planes (x = 256 * hi + lo, lo unsigned, hi signed), laid
+// out for the tiles: the whole 16-row tiles of the M rows, per tile and 32-block
+// kPlaneBlock bytes, row r at 64 r: its 32 lo bytes, then its 32 hi bytes.  A block's
+// two A tiles then load 16 consecutive lines; loaded from rows K bytes apart (as the
+// activations lie), the 16 lines of a tile fall into two L1 sets for K = 2048 and were
+// read from L2 (docs/performance.md, "Tile-ordered activations").
+constexpr int64_t kPlaneBlock = kAmxRows * 64;
+inline void split_tiles(const int16_t* x, int64_t M, int64_t K, uint8_t* out) {
+  const int64_t KB = K / 32;
+  for (int64_t t = 0; t < M / kAmxRows; ++t)
+    for (int64_t r = 0; r < kAmxRows; ++r) {
+      const int16_t* row = x + (t * kAmxRows + r) * K;
+      for (int64_t j = 0; j < KB; ++j) {
+        const __m512i v = _mm512_loadu_si512(row + j * 32);
+        uint8_t* o = out + (t * KB + j) * kPlaneBlock + r * 64;
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), _mm512_cvtepi16_epi8(v));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 32), _mm512_cvtepi16_epi8(_mm512_srai_epi16(v, 8)));
+      }
+    }
 }
 
 // One panel decoded for the tiles: per block 512 int8 values, the scales d0 and the
@@ -88,21 +98,26 @@ void decode_panel_amx(const uint8_t* panel, int64_t KB, AmxPanel& out) {
   }
 }
 
-// Rows [0, 16) x one decoded panel into y (+ bias), prefetching pf_step bytes a block
-// of the panel at pf (or none): software-pipelined as q4_act8's tile_amx (the next
-// block's products run while this one is scaled, stored after).
+// Rows [0, 16) (ab: their byte planes, split_tiles) x one decoded panel into y (+ bias),
+// prefetching pf_step bytes a block of the panel at pf (or none): software-pipelined as
+// q4_act8's tile_amx (the next block's products run while this one is scaled, stored
+// after).
 template <bool MIN>
-void tile_amx(const uint8_t* lo, const int8_t* hi, const float* dx, const float* sx, int64_t K,
+void tile_amx(const uint8_t* ab, const float* dx, const float* sx, int64_t K,
               const AmxPanel& w, int64_t n0, int64_t nc, const float* bias, float* y,
               int64_t ldy, const uint8_t* pf, int64_t pf_step) {
   const int64_t KB = K / 32;
+  // The panel's arrays as plain pointers: w is a thread_local of the caller, and its
+  // address looked up in the loop is a call that spills the accumulators.
+  const int8_t* wv = w.v.data();
+  const float *wd = w.d.data(), *wm = w.m.data();
   alignas(64) int32_t cb[2][256];  // the dots with lo, with hi
   const auto dots = [&](int64_t j) {
     RI_TILE_ZERO(0);
     RI_TILE_ZERO(1);
-    RI_TILE_LOAD(2, lo + j * 32, K);
-    RI_TILE_LOAD(3, hi + j * 32, K);
-    RI_TILE_LOAD(4, w.v.data() + j * 512, 64);
+    RI_TILE_LOAD(2, ab + j * kPlaneBlock, 64);
+    RI_TILE_LOAD(3, ab + j * kPlaneBlock + 32, 64);
+    RI_TILE_LOAD(4, wv + j * 512, 64);
     RI_TDP(tdpbusd, 0, 2, 4);
     RI_TDP(tdpbssd, 1, 3, 4);
   };
@@ -117,8 +132,8 @@ void tile_amx(const uint8_t* lo, const int8_t* hi, const float* dx, const float*
   dots(0);
   store();
   for (int64_t j = 0; j < KB; ++j) {
-    const __m512 d = _mm512_loadu_ps(w.d.data() + j * 16);
-    const __m512 mn = MIN ? _mm512_loadu_ps(w.m.data() + j * 16) : d;
+    const __m512 d = _mm512_loadu_ps(wd + j * 16);
+    const __m512 mn = MIN ? _mm512_loadu_ps(wm + j * 16) : d;
     if (j + 1 < KB) dots(j + 1);
     if (pf) prefetch_bytes(pf + j * pf_step, pf_step);
 #pragma GCC unroll 16
@@ -138,7 +153,7 @@ void tile_amx(const uint8_t* lo, const int8_t* hi, const float* dx, const float*
 // Rows [0, 16 * tiles) x panel p: decoded once, then each 16-row tile (the first
 // prefetching the next panel).
 template <class F>
-void panel_amx(const uint8_t* panel, int64_t tiles, const uint8_t* lo, const int8_t* hi,
+void panel_amx(const uint8_t* panel, int64_t tiles, const uint8_t* ab,
                const float* dx, const float* sx, int64_t K, int64_t n0, int64_t nc,
                const float* bias, float* y, int64_t ldy) {
   thread_local AmxPanel w;
@@ -147,7 +162,7 @@ void panel_amx(const uint8_t* panel, int64_t tiles, const uint8_t* lo, const int
   constexpr int64_t kShare = F::kPanel / (F::E / 32);  // a 32-block's bytes
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t m = t * kAmxRows;
-    tile_amx<F::kMin>(lo + m * K, hi + m * K, dx + m * KB, sx + m * KB, K, w, n0, nc, bias,
+    tile_amx<F::kMin>(ab + t * KB * kPlaneBlock, dx + m * KB, sx + m * KB, K, w, n0, nc, bias,
                       y + m * ldy, ldy, t == 0 ? panel + KB * kShare : nullptr, kShare);
   }
 }

@@ -299,19 +299,19 @@ constexpr int64_t tile_max(bool wide) {
 // Panels [p0, p1), rows in chunks whose activations stay in L2: per panel, groups of
 // 32-blocks are decoded (8 to int16 in L1, else 32: scales and pointers), then every
 // row tile of the chunk adds their share into its accumulators (acc [chunk rows][16]).
-// lo / hi (AMX: the activations' byte planes, gguf_amx.h, or null): whole 16-row tiles
-// of each chunk run on the tiles, the other rows as below.
+// planes (AMX: the activations' byte planes in tile order, split_tiles of gguf_amx.h, or
+// null): whole 16-row tiles of each chunk run on the tiles, the other rows as below.
 template <class F>
 void panels_avx2(const GgufPanels& g, const int16_t* xq, const float* dx, const float* sx,
                  const int32_t* xs, int64_t M, int64_t p0, int64_t p1, const float* bias,
-                 float* y, int64_t ldy, const uint8_t* lo, const int8_t* hi) {
+                 float* y, int64_t ldy, const uint8_t* planes) {
   const int64_t K = g.K, KB = K / 32, BPS = F::E / 32;
   // 32-blocks per decoded group (multiples of 8: K % 256 == 0 for K-quants): 8 when
   // decoded to int16 (L1), else 32 (longer runs of each tile's activation rows).
   constexpr int64_t kWideGroup = 8, kGroupMax = 32;
   DBlock* blk = decode_buffer(kGroupMax);
   // AMX: chunks of whole tiles (a panel is decoded once per chunk), their bytes in L2.
-  const int64_t mc = lo ? std::max<int64_t>(64, (int64_t(1) << 19) / K / kAmxRows * kAmxRows)
+  const int64_t mc = planes ? std::max<int64_t>(64, (int64_t(1) << 19) / K / kAmxRows * kAmxRows)
                         : std::max<int64_t>(8, (int64_t(1) << 17) / K);
   thread_local std::vector<float> acc_buf;
   if (static_cast<int64_t>(acc_buf.size()) < mc * 16 + 16) acc_buf.resize(mc * 16 + 16);
@@ -323,7 +323,7 @@ void panels_avx2(const GgufPanels& g, const int16_t* xq, const float* dx, const 
   constexpr int64_t kSmall = F::BITS == 5 ? kMaxSmallRows - 1 : kMaxSmallRows;
   for (int64_t c0 = 0; c0 < M; c0 += mc) {
     const int64_t c1 = std::min(M, c0 + mc);
-    const int64_t tiles = lo ? (c1 - c0) / kAmxRows : 0;
+    const int64_t tiles = planes ? (c1 - c0) / kAmxRows : 0;
     const int64_t v0 = c0 + tiles * kAmxRows;  // the vector loops' rows: [v0, c1)
     // More than one row tile of a 5- or 6-bit format: decode the integers to int16 once
     // for all of them (the same integers as widening them in registers per tile).
@@ -336,7 +336,7 @@ void panels_avx2(const GgufPanels& g, const int16_t* xq, const float* dx, const 
 #ifdef ROSEINFER_AMX
       if (tiles) {
         if constexpr (F::HALVES == 1)
-          panel_amx<F>(panel, tiles, lo + c0 * K, hi + c0 * K, dx + c0 * KB, sx + c0 * KB, K, n0,
+          panel_amx<F>(panel, tiles, planes + c0 / kAmxRows * KB * kPlaneBlock, dx + c0 * KB, sx + c0 * KB, K, n0,
                        nc, bias, y + c0 * ldy, ldy);
       }
 #endif
@@ -380,15 +380,13 @@ void run_format(const GgufPanels& g, const int16_t* xq, const float* dx, const f
       xs[i] = t;
     }
   }
-  // AMX (steps of gguf_amx_min_rows(K) rows or more): the activations' byte planes.
-  std::vector<uint8_t> lo;
-  std::vector<int8_t> hi;
+  // AMX (steps of kAmxMinRows rows or more): the activations' byte planes in tile order.
+  std::vector<uint8_t> planes;
 #ifdef ROSEINFER_AMX
-  const bool amx = !portable && F::HALVES == 1 && M >= gguf_amx_min_rows(g.K) && amx_permitted();
+  const bool amx = !portable && F::HALVES == 1 && M >= kAmxMinRows && amx_permitted();
   if (amx) {
-    lo.resize(M * g.K);
-    hi.resize(M * g.K);
-    split_bytes(xq, M * g.K, lo.data(), hi.data());
+    planes.resize(M / kAmxRows * (g.K / 32) * kPlaneBlock);
+    split_tiles(xq, M, g.K, planes.data());
   }
 #endif
   at::parallel_for(0, NP, grain, [&](int64_t p0, int64_t p1) {
@@ -401,7 +399,7 @@ void run_format(const GgufPanels& g, const int16_t* xq, const float* dx, const f
 #endif
     if (!portable)
       return panels_avx2<F>(g, xq, dx, sx, xsp, M, p0, p1, bias, y, ldy,
-                            lo.empty() ? nullptr : lo.data(), hi.empty() ? nullptr : hi.data());
+                            planes.empty() ? nullptr : planes.data());
 #endif
     panels_scalar<F>(g, xq, dx, sx, M, p0, p1, bias, y, ldy);
   });

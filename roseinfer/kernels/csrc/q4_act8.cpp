@@ -321,11 +321,17 @@ void gemm_q4_act8(const uint8_t* bytes, const uint8_t* nibbles, int64_t N, int64
   const bool nib = M <= kNibMaxRows || bytes == nullptr;  // same integers either way
   const uint8_t* wp = nib ? nibbles : bytes;
   const int64_t panel_bytes = KB * block_bytes(nib, offset == 0);
-  const int64_t mc = std::max<int64_t>(8, (int64_t(1) << 18) / K);  // ~256 KB of rows
+  // Chunks of ~256 KB of rows, whole tiles (tile_order's tiles start at row 0).
+  const int64_t mc = std::max<int64_t>(kAmxRows, (int64_t(1) << 18) / K / kAmxRows * kAmxRows);
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 17) / (M * K * kQ8Panel));
 #ifdef ROSEINFER_AMX
   // Steps of 16 rows or more: whole 16-row tiles of each chunk on AMX, the rest on vectors.
-  const bool amx = !portable && M >= kAmxAct8MinRows && amx_permitted();
+  const bool amx = !portable && M >= kAmxMinRows && amx_permitted();
+  std::vector<int8_t> xt;  // the whole tiles' activations in tile order
+  if (amx) {
+    xt.resize(M / kAmxRows * KB * act8::kTileBlock);
+    act8::tile_order(xq.get(), M, K, xt.data());
+  }
 #endif
   at::parallel_for(0, NP, grain, [&](int64_t p0, int64_t p1) {
 #ifdef ROSEINFER_AVX2
@@ -343,7 +349,7 @@ void gemm_q4_act8(const uint8_t* bytes, const uint8_t* nibbles, int64_t N, int64
 #ifdef ROSEINFER_AMX
           if (amx) {
             const int64_t tiles = (c1 - c0) / kAmxRows;
-            const int8_t* xc = xq.get() + c0 * K;
+            const int8_t* xc = xt.data() + c0 / kAmxRows * KB * act8::kTileBlock;
             const float *dc = dx.get() + c0 * KB, *sc = sx.get() + c0 * KB;
             if (offset)
               panel_amx<true>(nib, tiles, xc, dc, sc, xs.get() + c0 * KB, K, panel, n0, bias, y + c0 * N, N);

@@ -5,6 +5,7 @@
 // steps as tile_zmm's (q4_act8.cpp), in block order: the same bits.
 #pragma once
 
+#include <cstring>
 #include <vector>
 
 #include "amx.h"
@@ -21,6 +22,21 @@ namespace act8 {
 inline TileConfig act8_tiles() {
   TileConfig c;
   return c.tile(0, 16, 64).tile(1, 16, 64).tile(2, 16, 32).tile(3, 16, 32).tile(4, 8, 64).tile(5, 8, 64);
+}
+
+// The int8 activations of the M rows' whole 16-row tiles in tile order: per tile and
+// block kTileBlock bytes (16 rows x 32), so a block's A tile loads 8 consecutive lines;
+// from rows K bytes apart (as quantize_rows leaves them) a tile's lines fall into a few
+// L1 sets for K = 2048 and were read from L2 (docs/performance.md, "Tile-ordered
+// activations").
+constexpr int64_t kTileBlock = kAmxRows * kQ8Block;
+inline void tile_order(const int8_t* xq, int64_t M, int64_t K, int8_t* out) {
+  const int64_t KB = K / kQ8Block;
+  for (int64_t t = 0; t < M / kAmxRows; ++t)
+    for (int64_t r = 0; r < kAmxRows; ++r)
+      for (int64_t j = 0; j < KB; ++j)
+        std::memcpy(out + (t * KB + j) * kTileBlock + r * kQ8Block,
+                    xq + (t * kAmxRows + r) * K + j * kQ8Block, kQ8Block);
 }
 
 // A nibble panel's weights in the bytes layout (512 bytes per block, block_int_zmm's
@@ -51,25 +67,26 @@ inline void scale16(const int32_t* cb, __m512 dw, __m512 mw, const float* dx, co
                              sx[m * KB + j], OFF ? xs[m * KB + j] : 0, dw, mw);
 }
 
-// Rows [0, 16) x one panel (w: its first block; wt: its weights as tiles, 512 bytes a
-// block at stride wts) into y (+ bias), prefetching the panel at pf (or none): each
+// Rows [0, 16) (xt: their activations, tile_order) x one panel (w: its first block; wt:
+// its weights as tiles, 512 bytes a block at stride wts) into y (+ bias), prefetching
+// the panel at pf (or none): each
 // block's exact dots from one tile product, then tile_zmm's fp32 steps.
 // Software-pipelined by pairs of blocks: the next pair's products run while this pair
 // is scaled, and are stored after that (a tile store holds back the loads after it).
 template <bool NIB, bool OFF>
-void tile_amx(const int8_t* xq, const float* dx, const float* sx, const int32_t* xs, int64_t K,
+void tile_amx(const int8_t* xt, const float* dx, const float* sx, const int32_t* xs, int64_t K,
               const uint8_t* w, const uint8_t* wt, int64_t wts, int64_t n0, const float* bias,
               float* y, int64_t N, const uint8_t* pf) {
   const int64_t KB = K / kQ8Block, bb = block_bytes(NIB, !OFF);
   alignas(64) int32_t cb[2][256];
   const auto dots = [&](int64_t j) {  // blocks j, j + 1 (if any) into tiles 0, 1
     RI_TILE_ZERO(0);
-    RI_TILE_LOAD(2, xq + j * kQ8Block, K);
+    RI_TILE_LOAD(2, xt + j * kTileBlock, kQ8Block);
     RI_TILE_LOAD(4, wt + j * wts, 64);
     RI_TDP(tdpbsud, 0, 2, 4);
     if (j + 1 < KB) {
       RI_TILE_ZERO(1);
-      RI_TILE_LOAD(3, xq + (j + 1) * kQ8Block, K);
+      RI_TILE_LOAD(3, xt + (j + 1) * kTileBlock, kQ8Block);
       RI_TILE_LOAD(5, wt + (j + 1) * wts, 64);
       RI_TDP(tdpbsud, 1, 3, 5);
     }
@@ -100,10 +117,11 @@ void tile_amx(const int8_t* xq, const float* dx, const float* sx, const int32_t*
   store_tile(out, kAmxRows, n0, std::min<int64_t>(kQ8Panel, N - n0), bias, y, N);
 }
 
-// Rows [0, 16 * tiles) of a chunk x panel p (see gemm_q4_act8) on the tiles; nibble
-// panels widened once into this thread's buffer for all of them.
+// Rows [0, 16 * tiles) of a chunk (xt: their activations, tile_order) x panel p (see
+// gemm_q4_act8) on the tiles; nibble panels widened once into this thread's buffer for
+// all of them.
 template <bool OFF>
-void panel_amx(bool nib, int64_t tiles, const int8_t* xq, const float* dx, const float* sx,
+void panel_amx(bool nib, int64_t tiles, const int8_t* xt, const float* dx, const float* sx,
                const int32_t* xs, int64_t K, const uint8_t* panel, int64_t n0,
                const float* bias, float* y, int64_t N) {
   const int64_t KB = K / kQ8Block;
@@ -119,7 +137,7 @@ void panel_amx(bool nib, int64_t tiles, const int8_t* xq, const float* dx, const
     const int64_t m = t * kAmxRows;
     const int32_t* xsm = OFF ? xs + m * KB : nullptr;
     const auto run = nib ? tile_amx<true, OFF> : tile_amx<false, OFF>;
-    run(xq + m * K, dx + m * KB, sx + m * KB, xsm, K, panel, wt, wts, n0, bias, y + m * N, N,
+    run(xt + t * KB * kTileBlock, dx + m * KB, sx + m * KB, xsm, K, panel, wt, wts, n0, bias, y + m * N, N,
         t == 0 ? panel + KB * block_bytes(nib, !OFF) : nullptr);  // the next panel
   }
 }
