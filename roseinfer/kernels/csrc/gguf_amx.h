@@ -49,43 +49,53 @@ inline void split_tiles(const int16_t* x, int64_t M, int64_t K, uint8_t* out) {
 struct AmxPanel {
   std::vector<int8_t> v;
   std::vector<float> d, m;
+  void size_for(int64_t KB) {
+    if (static_cast<int64_t>(v.size()) >= KB * 512) return;
+    v.resize(KB * 512);
+    d.resize(KB * 16);
+    m.resize(KB * 16);
+  }
 };
 
-// A panel's KB blocks into out.  4- and 8-bit values straight from the panel (two
-// steps of the I8 order, gguf_formats.h, are 64 bytes: one permutation makes them a
-// tile row); 5 bits from decode_avx2's int16 values (lane 2c + k % 2 of steps of two
-// k: one two-source permutation per row).
-template <class F>
-void decode_panel_amx(const uint8_t* panel, int64_t KB, AmxPanel& out) {
-  constexpr int64_t BPS = F::E / 32;
-  if (static_cast<int64_t>(out.v.size()) < KB * 512) {
-    out.v.resize(KB * 512);
-    out.d.resize(KB * 16);
-    out.m.resize(KB * 16);
+// Tile byte 4c + i (k = 4r + i) from step 2r's bytes 2c, 2c + 1 (i < 2) and step
+// 2r + 1's (i >= 2): bytes (in int16 lanes: words) of a and b.
+struct TileOrder {
+  alignas(64) uint8_t idx8[64] = {};
+  alignas(64) uint8_t idx16[64] = {};
+  constexpr TileOrder() {
+    for (int c = 0; c < 16; ++c)
+      for (int i = 0; i < 4; ++i) {
+        idx8[4 * c + i] = static_cast<uint8_t>((i < 2 ? 0 : 32) + 2 * c + i % 2);
+        idx16[4 * c + i] = static_cast<uint8_t>((i < 2 ? 0 : 64) + 4 * c + 2 * (i % 2));
+      }
   }
-  // Tile byte 4c + i (k = 4r + i) from step 2r's bytes 2c, 2c + 1 (i < 2) and step
-  // 2r + 1's (i >= 2): bytes (in int16 lanes: words) of a and b.
-  alignas(64) uint8_t idx8[64], idx16[64];
-  for (int c = 0; c < 16; ++c)
-    for (int i = 0; i < 4; ++i) {
-      idx8[4 * c + i] = static_cast<uint8_t>((i < 2 ? 0 : 32) + 2 * c + i % 2);
-      idx16[4 * c + i] = static_cast<uint8_t>((i < 2 ? 0 : 64) + 4 * c + 2 * (i % 2));
-    }
-  const __m512i perm8 = _mm512_load_si512(idx8), perm16 = _mm512_load_si512(idx16);
+};
+inline constexpr TileOrder kTileOrder{};
+
+// A panel's blocks [j0, j1) decoded into v, d, m (an AmxPanel's arrays; blk: scratch).
+// 4- and 8-bit values straight from the panel (two steps of the I8 order,
+// gguf_formats.h, are 64 bytes: one permutation makes them a tile row); 5 bits from
+// decode_avx2's int16 values (lane 2c + k % 2 of steps of two k: one two-source
+// permutation per row).
+template <class F>
+void decode_blocks_amx(const uint8_t* panel, int64_t j0, int64_t j1, int8_t* v, float* d,
+                       float* m, DBlock& blk) {
+  constexpr int64_t BPS = F::E / 32;
+  const __m512i perm8 = _mm512_load_si512(kTileOrder.idx8);
+  const __m512i perm16 = _mm512_load_si512(kTileOrder.idx16);
   const __m256i low4 = _mm256_set1_epi8(15);
   const __m512i off = _mm512_set1_epi8(static_cast<char>(F::OFFSET));
-  thread_local DBlock blk;
-  for (int64_t j = 0; j < KB; ++j) {
+  for (int64_t j = j0; j < j1; ++j) {
     constexpr bool kRaw = F::BITS == 4 || F::BITS == 8;
     decode_avx2<F>(panel + (j / BPS) * F::kPanel, static_cast<int>(j % BPS), blk, !kRaw);
-    int8_t* o = out.v.data() + j * 512;
+    int8_t* o = v + j * 512;
     for (int r = 0; r < 8; ++r) {  // steps 2r and 2r + 1: k = 4r .. 4r + 3
       __m512i row;
       if constexpr (F::BITS == 8) {
         row = _mm512_permutexvar_epi8(perm8, _mm512_loadu_si512(blk.qp + 64 * r));
       } else if constexpr (F::BITS == 4) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qp + 32 * r));
-        const __m512i both = join256(_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_srli_epi16(v, 4), low4));
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qp + 32 * r));
+        const __m512i both = join256(_mm256_and_si256(q, low4), _mm256_and_si256(_mm256_srli_epi16(q, 4), low4));
         row = _mm512_sub_epi8(_mm512_permutexvar_epi8(perm8, both), off);
       } else {
         row = _mm512_permutex2var_epi8(_mm512_load_si512(blk.w + 64 * r), perm16,
@@ -93,24 +103,31 @@ void decode_panel_amx(const uint8_t* panel, int64_t KB, AmxPanel& out) {
       }
       _mm512_storeu_si512(o + 64 * r, row);
     }
-    std::memcpy(out.d.data() + j * 16, blk.d0, sizeof blk.d0);
-    std::memcpy(out.m.data() + j * 16, blk.m, sizeof blk.m);
+    std::memcpy(d + j * 16, blk.d0, sizeof blk.d0);
+    std::memcpy(m + j * 16, blk.m, sizeof blk.m);
   }
 }
 
 // Rows [0, 16) (ab: their byte planes, split_tiles) x one decoded panel into y (+ bias),
 // prefetching pf_step bytes a block of the panel at pf (or none): software-pipelined as
 // q4_act8's tile_amx (the next block's products run while this one is scaled, stored
-// after).
-template <bool MIN>
-void tile_amx(const uint8_t* ab, const float* dx, const float* sx, int64_t K,
-              const AmxPanel& w, int64_t n0, int64_t nc, const float* bias, float* y,
-              int64_t ldy, const uint8_t* pf, int64_t pf_step) {
+// after).  decode (or null): the panel whose blocks are decoded into w as the loop goes,
+// kDecodeAhead blocks before their tile loads: a tile load waits for the stores of what
+// it reads to drain, so with the whole panel decoded first each panel's first products
+// waited for its 32 KB (K = 2048) to 128 KB of stores (docs/performance.md).
+template <class F>
+void tile_amx(const uint8_t* ab, const float* dx, const float* sx, int64_t K, AmxPanel& w,
+              int64_t n0, int64_t nc, const float* bias, float* y, int64_t ldy,
+              const uint8_t* pf, int64_t pf_step, const uint8_t* decode) {
+  constexpr bool MIN = F::kMin;
+  constexpr int64_t kDecodeAhead = 3;
   const int64_t KB = K / 32;
   // The panel's arrays as plain pointers: w is a thread_local of the caller, and its
   // address looked up in the loop is a call that spills the accumulators.
-  const int8_t* wv = w.v.data();
-  const float *wd = w.d.data(), *wm = w.m.data();
+  int8_t* wv = w.v.data();
+  float *wd = w.d.data(), *wm = w.m.data();
+  DBlock blk;  // decode's scratch (a thread_local here would be such a call)
+  if (decode) decode_blocks_amx<F>(decode, 0, std::min(kDecodeAhead, KB), wv, wd, wm, blk);
   alignas(64) int32_t cb[2][256];  // the dots with lo, with hi
   const auto dots = [&](int64_t j) {
     RI_TILE_ZERO(0);
@@ -135,6 +152,10 @@ void tile_amx(const uint8_t* ab, const float* dx, const float* sx, int64_t K,
     const __m512 d = _mm512_loadu_ps(wd + j * 16);
     const __m512 mn = MIN ? _mm512_loadu_ps(wm + j * 16) : d;
     if (j + 1 < KB) dots(j + 1);
+    if (decode && j + kDecodeAhead < KB) {
+      decode_blocks_amx<F>(decode, j + kDecodeAhead, j + kDecodeAhead + 1, wv, wd, wm, blk);
+      tile_barrier();  // written before the tile loads of a later iteration
+    }
     if (pf) prefetch_bytes(pf + j * pf_step, pf_step);
 #pragma GCC unroll 16
     for (int m = 0; m < kAmxRows; ++m) {  // unrolled: acc stays in registers
@@ -150,20 +171,21 @@ void tile_amx(const uint8_t* ab, const float* dx, const float* sx, int64_t K,
   store_tile(out, kAmxRows, n0, nc, bias, y, ldy);
 }
 
-// Rows [0, 16 * tiles) x panel p: decoded once, then each 16-row tile (the first
-// prefetching the next panel).
+// Rows [0, 16 * tiles) x panel p: decoded once, by the first 16-row tile's loop (which
+// also prefetches the next panel), then read by the other tiles.
 template <class F>
 void panel_amx(const uint8_t* panel, int64_t tiles, const uint8_t* ab,
                const float* dx, const float* sx, int64_t K, int64_t n0, int64_t nc,
                const float* bias, float* y, int64_t ldy) {
   thread_local AmxPanel w;
   const int64_t KB = K / 32;
-  decode_panel_amx<F>(panel, KB, w);
+  w.size_for(KB);
   constexpr int64_t kShare = F::kPanel / (F::E / 32);  // a 32-block's bytes
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t m = t * kAmxRows;
-    tile_amx<F::kMin>(ab + t * KB * kPlaneBlock, dx + m * KB, sx + m * KB, K, w, n0, nc, bias,
-                      y + m * ldy, ldy, t == 0 ? panel + KB * kShare : nullptr, kShare);
+    tile_amx<F>(ab + t * KB * kPlaneBlock, dx + m * KB, sx + m * KB, K, w, n0, nc, bias,
+                y + m * ldy, ldy, t == 0 ? panel + KB * kShare : nullptr, kShare,
+                t == 0 ? panel : nullptr);
   }
 }
 #endif  // ROSEINFER_AMX

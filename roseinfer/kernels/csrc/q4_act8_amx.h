@@ -39,12 +39,12 @@ inline void tile_order(const int8_t* xq, int64_t M, int64_t K, int8_t* out) {
                     xq + (t * kAmxRows + r) * K + j * kQ8Block, kQ8Block);
 }
 
-// A nibble panel's weights in the bytes layout (512 bytes per block, block_int_zmm's
-// regrouping) at out.
+// Blocks [j0, j1) of a nibble panel's weights in the bytes layout (512 bytes per block,
+// block_int_zmm's regrouping) at out.
 template <bool OFF>
-void widen_panel(const uint8_t* panel, int64_t KB, uint8_t* out) {
+void widen_blocks(const uint8_t* panel, int64_t j0, int64_t j1, uint8_t* out) {
   const __m512i nib = _mm512_set1_epi8(15);
-  for (int64_t j = 0; j < KB; ++j) {
+  for (int64_t j = j0; j < j1; ++j) {
     const uint8_t* blk = panel + j * block_bytes(true, !OFF);
     for (int s = 0; s < 8; s += 2) {
       const __m512i v = _mm512_loadu_si512(blk + kNibStep * s);
@@ -69,15 +69,22 @@ inline void scale16(const int32_t* cb, __m512 dw, __m512 mw, const float* dx, co
 
 // Rows [0, 16) (xt: their activations, tile_order) x one panel (w: its first block; wt:
 // its weights as tiles, 512 bytes a block at stride wts) into y (+ bias), prefetching
-// the panel at pf (or none): each
-// block's exact dots from one tile product, then tile_zmm's fp32 steps.
+// the panel at pf (or none): each block's exact dots from one tile product, then
+// tile_zmm's fp32 steps.
 // Software-pipelined by pairs of blocks: the next pair's products run while this pair
 // is scaled, and are stored after that (a tile store holds back the loads after it).
+// widen (or null): the nibble panel whose blocks are widened into wt (stride 512) as
+// the loop goes, kWidenAhead blocks before their tile loads: a tile load waits for the
+// stores of what it reads to drain, so with the whole panel widened first each panel's
+// first products waited for its 32 KB of stores (K = 2048; docs/performance.md).
 template <bool NIB, bool OFF>
 void tile_amx(const int8_t* xt, const float* dx, const float* sx, const int32_t* xs, int64_t K,
               const uint8_t* w, const uint8_t* wt, int64_t wts, int64_t n0, const float* bias,
-              float* y, int64_t N, const uint8_t* pf) {
+              float* y, int64_t N, const uint8_t* pf, const uint8_t* widen) {
+  constexpr int64_t kWidenAhead = 4;  // two pairs
   const int64_t KB = K / kQ8Block, bb = block_bytes(NIB, !OFF);
+  uint8_t* const wbuf = const_cast<uint8_t*>(wt);  // written only when widen is given
+  if (widen) widen_blocks<OFF>(widen, 0, std::min(kWidenAhead, KB), wbuf);
   alignas(64) int32_t cb[2][256];
   const auto dots = [&](int64_t j) {  // blocks j, j + 1 (if any) into tiles 0, 1
     RI_TILE_ZERO(0);
@@ -106,6 +113,10 @@ void tile_amx(const int8_t* xt, const float* dx, const float* sx, const int32_t*
     block_scales<NIB, OFF>(w + j * bb, dw[0], mw[0]);
     if (j + 1 < KB) block_scales<NIB, OFF>(w + (j + 1) * bb, dw[1], mw[1]);
     if (j + 2 < KB) dots(j + 2);
+    if (widen && j + kWidenAhead < KB) {
+      widen_blocks<OFF>(widen, j + kWidenAhead, std::min(j + kWidenAhead + 2, KB), wbuf);
+      tile_barrier();  // written before the tile loads of a later iteration
+    }
     if (pf) prefetch_bytes(pf + j * bb, 2 * bb);
     scale16<OFF>(cb[0], dw[0], mw[0], dx, sx, xs, KB, j, acc);
     if (j + 1 < KB) scale16<OFF>(cb[1], dw[1], mw[1], dx, sx, xs, KB, j + 1, acc);
@@ -127,18 +138,18 @@ void panel_amx(bool nib, int64_t tiles, const int8_t* xt, const float* dx, const
   const int64_t KB = K / kQ8Block;
   const uint8_t* wt = panel;
   int64_t wts = block_bytes(false, !OFF);
-  if (nib) {
+  if (nib) {  // widened by the first tile's loop, read by the others
     thread_local std::vector<uint8_t> buf;
     if (static_cast<int64_t>(buf.size()) < KB * 512) buf.resize(KB * 512);
-    widen_panel<OFF>(panel, KB, buf.data());
     wt = buf.data(), wts = 512;
   }
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t m = t * kAmxRows;
     const int32_t* xsm = OFF ? xs + m * KB : nullptr;
     const auto run = nib ? tile_amx<true, OFF> : tile_amx<false, OFF>;
-    run(xt + t * KB * kTileBlock, dx + m * KB, sx + m * KB, xsm, K, panel, wt, wts, n0, bias, y + m * N, N,
-        t == 0 ? panel + KB * block_bytes(nib, !OFF) : nullptr);  // the next panel
+    run(xt + t * KB * kTileBlock, dx + m * KB, sx + m * KB, xsm, K, panel, wt, wts, n0, bias,
+        y + m * N, N, t == 0 ? panel + KB * block_bytes(nib, !OFF) : nullptr,  // the next panel
+        nib && t == 0 ? panel : nullptr);
   }
 }
 #endif  // ROSEINFER_AMX
