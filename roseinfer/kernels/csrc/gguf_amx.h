@@ -1,11 +1,11 @@
 // The GGUF GEMM (gguf_gemm.h) on AMX tiles for 16-row tiles of steps of many rows: a
 // panel's 32-blocks are decoded once (gguf_decode.h's int16 values v = q - offset, as
 // int8 in the tiles' layout: row k/4, column c's four values at 4c), the int16
-// activations split into bytes (x = 256 hi + lo, lo unsigned, hi signed; split_tiles), and per block
-// two tile products give the exact int32 dots: dot = 256 * (hi . v) + (lo . v), the
-// integers of the vector loops.  Then each block's fp32 steps, block_step (gguf_tiles.h)
-// as in tile_blocks_zmm, in block order: the same bits.  Formats with one scale per
-// 32-block (not Q6_K, whose 16-value halves stay on the vector loops).
+// activations split into bytes (x = 256 hi + lo, lo unsigned, hi signed; split_tiles),
+// and per block two tile products give the exact int32 dots: dot = 256 * (hi . v) +
+// (lo . v), the integers of the vector loops.  Then each block's fp32 steps, block_step
+// (gguf_tiles.h) as in tile_blocks_zmm, in block order: the same bits.  Formats with one
+// scale per 32-block (not Q6_K, whose 16-value halves stay on the vector loops).
 #pragma once
 
 #include "amx.h"
