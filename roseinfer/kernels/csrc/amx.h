@@ -67,10 +67,10 @@ class TileScope {
 
 // Tile instructions on literal register numbers (GCC's intrinsics stringify them too).
 // A tile load reads memory the compiler does not see: whoever writes what tiles read
-// issues tile_barrier() before (a compiler barrier; one per tile loop, not per load,
-// so the loops' accumulators stay in registers).  A tile store names its 16 x 16 int32
-// destination array as its output, so the loads of it after are ordered after it
-// (RI_TILE_STORE_AT: its rows `stride` bytes apart instead of 64).
+// issues tile_barrier() before (a compiler barrier: it orders memory accesses and
+// leaves registers alone, so the tile loops that decode as they go issue one a block).
+// A tile store names its 16 x 16 int32 destination array as its output, so the loads
+// of it after are ordered after it (RI_TILE_STORE_AT: rows `stride` bytes apart, not 64).
 // RI_TDP(op, c, a, b): tile c += a . b (tdpbssd / tdpbsud / tdpbusd / tdpbuud: a's and
 // b's bytes signed (s) or unsigned (u), four products per int32 lane).
 #define RI_TILE_ZERO(t) asm volatile("tilezero %%tmm" #t ::)

@@ -114,7 +114,8 @@ void decode_blocks_amx(const uint8_t* panel, int64_t j0, int64_t j1, int8_t* v, 
 // after).  decode (or null): the panel whose blocks are decoded into w as the loop goes,
 // kDecodeAhead blocks before their tile loads: a tile load waits for the stores of what
 // it reads to drain, so with the whole panel decoded first each panel's first products
-// waited for its 32 KB (K = 2048) to 128 KB of stores (docs/performance.md).
+// waited for its 32 KB (K = 2048) to 128 KB of stores (docs/performance.md, "Decoded as
+// the loop goes").
 template <class F>
 void tile_amx(const uint8_t* ab, const float* dx, const float* sx, int64_t K, AmxPanel& w,
               int64_t n0, int64_t nc, const float* bias, float* y, int64_t ldy,

@@ -1,6 +1,7 @@
 // q4_act8.h's GEMM on AMX tiles for 16-row tiles of steps of many rows: per block one
 // tile product (tdpbsud: the int8 activations against the unsigned weights in the
-// bytes layout, which is the tiles' layout; nibble panels widened once per chunk) gives
+// bytes layout, which is the tiles' layout; nibble panels widened once per chunk, by
+// its first tile's loop) gives
 // the block's exact int32 dots, the integers of the vector loops; then each block's fp32
 // steps as tile_zmm's (q4_act8.cpp), in block order: the same bits.
 #pragma once
@@ -73,18 +74,18 @@ inline void scale16(const int32_t* cb, __m512 dw, __m512 mw, const float* dx, co
 // tile_zmm's fp32 steps.
 // Software-pipelined by pairs of blocks: the next pair's products run while this pair
 // is scaled, and are stored after that (a tile store holds back the loads after it).
-// widen (or null): the nibble panel whose blocks are widened into wt (stride 512) as
-// the loop goes, kWidenAhead blocks before their tile loads: a tile load waits for the
-// stores of what it reads to drain, so with the whole panel widened first each panel's
-// first products waited for its 32 KB of stores (K = 2048; docs/performance.md).
+// widen (or null): the nibble panel whose blocks are widened into `widened` (= wt,
+// stride 512) as the loop goes, kWidenAhead blocks before their tile loads: a tile load
+// waits for the stores of what it reads to drain, so with the whole panel widened
+// first each panel's first products waited for its 32 KB of stores (K = 2048;
+// docs/performance.md, "Decoded as the loop goes").
 template <bool NIB, bool OFF>
 void tile_amx(const int8_t* xt, const float* dx, const float* sx, const int32_t* xs, int64_t K,
               const uint8_t* w, const uint8_t* wt, int64_t wts, int64_t n0, const float* bias,
-              float* y, int64_t N, const uint8_t* pf, const uint8_t* widen) {
+              float* y, int64_t N, const uint8_t* pf, const uint8_t* widen, uint8_t* widened) {
   constexpr int64_t kWidenAhead = 4;  // two pairs
   const int64_t KB = K / kQ8Block, bb = block_bytes(NIB, !OFF);
-  uint8_t* const wbuf = const_cast<uint8_t*>(wt);  // written only when widen is given
-  if (widen) widen_blocks<OFF>(widen, 0, std::min(kWidenAhead, KB), wbuf);
+  if (widen) widen_blocks<OFF>(widen, 0, std::min(kWidenAhead, KB), widened);
   alignas(64) int32_t cb[2][256];
   const auto dots = [&](int64_t j) {  // blocks j, j + 1 (if any) into tiles 0, 1
     RI_TILE_ZERO(0);
@@ -114,7 +115,7 @@ void tile_amx(const int8_t* xt, const float* dx, const float* sx, const int32_t*
     if (j + 1 < KB) block_scales<NIB, OFF>(w + (j + 1) * bb, dw[1], mw[1]);
     if (j + 2 < KB) dots(j + 2);
     if (widen && j + kWidenAhead < KB) {
-      widen_blocks<OFF>(widen, j + kWidenAhead, std::min(j + kWidenAhead + 2, KB), wbuf);
+      widen_blocks<OFF>(widen, j + kWidenAhead, std::min(j + kWidenAhead + 2, KB), widened);
       tile_barrier();  // written before the tile loads of a later iteration
     }
     if (pf) prefetch_bytes(pf + j * bb, 2 * bb);
@@ -138,10 +139,12 @@ void panel_amx(bool nib, int64_t tiles, const int8_t* xt, const float* dx, const
   const int64_t KB = K / kQ8Block;
   const uint8_t* wt = panel;
   int64_t wts = block_bytes(false, !OFF);
+  uint8_t* widened = nullptr;
   if (nib) {  // widened by the first tile's loop, read by the others
     thread_local std::vector<uint8_t> buf;
     if (static_cast<int64_t>(buf.size()) < KB * 512) buf.resize(KB * 512);
-    wt = buf.data(), wts = 512;
+    widened = buf.data();
+    wt = widened, wts = 512;
   }
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t m = t * kAmxRows;
@@ -149,7 +152,7 @@ void panel_amx(bool nib, int64_t tiles, const int8_t* xt, const float* dx, const
     const auto run = nib ? tile_amx<true, OFF> : tile_amx<false, OFF>;
     run(xt + t * KB * kTileBlock, dx + m * KB, sx + m * KB, xsm, K, panel, wt, wts, n0, bias,
         y + m * N, N, t == 0 ? panel + KB * block_bytes(nib, !OFF) : nullptr,  // the next panel
-        nib && t == 0 ? panel : nullptr);
+        nib && t == 0 ? panel : nullptr, widened);
   }
 }
 #endif  // ROSEINFER_AMX
