@@ -312,7 +312,7 @@ void panels_avx2(const GgufPanels& g, const int16_t* xq, const float* dx, const 
   DBlock* blk = decode_buffer(kGroupMax);
   // AMX: chunks of whole tiles (a panel is decoded once per chunk), their bytes in L2.
   const int64_t mc = planes ? std::max<int64_t>(64, (int64_t(1) << 19) / K / kAmxRows * kAmxRows)
-                        : std::max<int64_t>(8, (int64_t(1) << 17) / K);
+                            : std::max<int64_t>(8, (int64_t(1) << 17) / K);
   thread_local std::vector<float> acc_buf;
   if (static_cast<int64_t>(acc_buf.size()) < mc * 16 + 16) acc_buf.resize(mc * 16 + 16);
   float* acc = acc_buf.data() + (16 - reinterpret_cast<uintptr_t>(acc_buf.data()) % 64 / 4) % 16;
@@ -336,8 +336,8 @@ void panels_avx2(const GgufPanels& g, const int16_t* xq, const float* dx, const 
 #ifdef ROSEINFER_AMX
       if (tiles) {
         if constexpr (F::HALVES == 1)
-          panel_amx<F>(panel, tiles, planes + c0 / kAmxRows * KB * kPlaneBlock, dx + c0 * KB, sx + c0 * KB, K, n0,
-                       nc, bias, y + c0 * ldy, ldy);
+          panel_amx<F>(panel, tiles, planes + c0 / kAmxRows * KB * kPlaneBlock, dx + c0 * KB,
+                       sx + c0 * KB, K, n0, nc, bias, y + c0 * ldy, ldy);
       }
 #endif
       if (v0 == c1) continue;
