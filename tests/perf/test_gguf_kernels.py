@@ -400,7 +400,7 @@ def _thp_advisable() -> bool:
 @pytest.mark.parametrize("qtype,act8", [(T.Q4_0, True), (T.Q4_K, False), (T.Q8_0, False),
                                         (T.F16, False)], ids=lambda v: getattr(v, "name", str(v)))
 def test_large_packed_weights_are_their_arithmetic(qtype: int, act8: bool) -> None:
-    """Packed weights of 2 MiB and more live in their own mappings (csrc/weight_memory.h,
+    """Packed weights of 2 MiB and more take a chunk of their own (csrc/weight_memory.h,
     huge pages where the OS offers them): the same arithmetic as small ones."""
     from roseinfer.kernels.gguf import make_gguf_linear
 
@@ -426,3 +426,32 @@ def test_large_packed_weights_sit_on_huge_pages() -> None:
                                None) for s in range(3)]  # 8.5 MiB packed each
     assert _anon_huge_kb() - before >= 2048, "no packed weight on a huge page"
     del layers
+
+
+def _rss_anon_kb() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1])
+    return 0
+
+
+@pytest.mark.skipif(not _thp_advisable(), reason="transparent huge pages off")
+def test_small_packed_weights_share_huge_pages_and_are_freed() -> None:
+    """Packed weights under 2 MiB (all of the default model's) are placed one after
+    another in huge-page chunks (csrc/weight_memory.h): on huge pages, each with its own
+    arithmetic, taking about their bytes, and given back when freed."""
+    from roseinfer.kernels.gguf import make_gguf_linear
+
+    raws = [random_raw(T.Q8_0, 576, 576, s) for s in range(120)]  # ~0.35 MiB packed each
+    x = torch.randn(3, 576, generator=torch.Generator().manual_seed(5))
+    huge0, rss0 = _anon_huge_kb(), _rss_anon_kb()
+    layers = [make_gguf_linear([(int(T.Q8_0), torch.from_numpy(r))], None) for r in raws]
+    packed_kb = sum(r.nbytes for r in raws) // 1024
+    assert _anon_huge_kb() - huge0 >= packed_kb // 2, "small packed weights not on huge pages"
+    assert _rss_anon_kb() - rss0 < packed_kb * 1.25 + 8192, "small packed weights took extra memory"
+    for i in (0, 57, 119):  # neighbours in a chunk do not overlap
+        assert np.array_equal(layers[i].forward(x).numpy(), kernel_model(T.Q8_0, raws[i], 576, x.numpy()))
+    grown = _rss_anon_kb()
+    del layers
+    assert grown - _rss_anon_kb() >= packed_kb * 0.9, "freed packed weights kept their memory"

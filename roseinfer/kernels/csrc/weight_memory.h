@@ -10,9 +10,11 @@
 
 namespace roseinfer {
 
-// Zeroed tensor of `sizes` x `dtype` for packed weights (never resized).  From 2 MiB on,
-// on Linux: its own 2 MiB-aligned anonymous mapping, the whole 2 MiB pages inside it
-// advised MADV_HUGEPAGE (the tail stays on small pages, so RSS is the bytes, not more).
+// Zeroed tensor of `sizes` x `dtype` for packed weights (never resized).  On Linux: placed
+// after the previous one (page-aligned) in a 2 MiB-aligned anonymous chunk of 64 MiB or
+// more, advised MADV_HUGEPAGE as a whole, so the small tensors of a small model and the
+// tails of large ones are on huge pages too, at no more memory than their bytes (a
+// chunk's untouched rest takes none); a chunk is unmapped when its last tensor is freed.
 // Elsewhere, when the mapping fails, or built with -DROSEINFER_NO_HUGE_PAGES (A/B runs):
 // at::zeros.
 at::Tensor weight_zeros(at::IntArrayRef sizes, at::ScalarType dtype);
