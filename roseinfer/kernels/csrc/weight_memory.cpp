@@ -38,8 +38,8 @@ struct Arena {
 };
 
 Arena& arena() {
-  static Arena a;
-  return a;
+  static Arena* a = new Arena;  // never destroyed: tensors may be freed during exit
+  return *a;
 }
 
 // A 2 MiB-aligned anonymous mapping of len bytes (a multiple of 2 MiB), all advised
