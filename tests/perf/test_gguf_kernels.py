@@ -380,12 +380,17 @@ def test_steps_of_many_rows_equal_the_portable_kernel(qtype: int, act8: bool, ex
         assert torch.equal(alone, got)
 
 
-def _anon_huge_kb() -> int:
-    with open("/proc/self/smaps_rollup") as f:
+def _proc_kb(path: str, key: str) -> int:
+    """The kB figure of ``key`` in a /proc file of this process (0 if absent)."""
+    with open(path) as f:
         for line in f:
-            if line.startswith("AnonHugePages:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1])
     return 0
+
+
+def _anon_huge_kb() -> int:
+    return _proc_kb("/proc/self/smaps_rollup", "AnonHugePages")
 
 
 def _thp_advisable() -> bool:
@@ -429,11 +434,7 @@ def test_large_packed_weights_sit_on_huge_pages() -> None:
 
 
 def _rss_anon_kb() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1])
-    return 0
+    return _proc_kb("/proc/self/status", "RssAnon")
 
 
 @pytest.mark.skipif(not _thp_advisable(), reason="transparent huge pages off")
