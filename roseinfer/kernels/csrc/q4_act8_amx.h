@@ -1,9 +1,9 @@
 // q4_act8.h's GEMM on AMX tiles for 16-row tiles of steps of many rows: per block one
 // tile product (tdpbsud: the int8 activations against the unsigned weights in the
 // bytes layout, which is the tiles' layout; nibble panels widened once per chunk, by
-// its first tile's loop) gives
-// the block's exact int32 dots, the integers of the vector loops; then each block's fp32
-// steps as tile_zmm's (q4_act8.cpp), in block order: the same bits.
+// its first tile's loop) gives the block's exact int32 dots, the integers of the vector
+// loops; then each block's fp32 steps as tile_zmm's (q4_act8.cpp), in block order: the
+// same bits.
 #pragma once
 
 #include <cstring>
