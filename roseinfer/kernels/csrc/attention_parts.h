@@ -65,9 +65,13 @@ class SequencePrefetch {
   }
   void stop() { h_ = 2; }
   inline void step() {
-    for (int64_t n = 0; n < quota_ && h_ < 2; ++n) {
-      _mm_prefetch(half_[h_] + table_[b_] * bstride_ + ln_ * 64, _MM_HINT_T1);
-      if (++ln_ == lines_) {
+    for (int64_t n = quota_; n > 0 && h_ < 2;) {  // a run of one block's lines at a time
+      const char* p = half_[h_] + table_[b_] * bstride_ + ln_ * 64;
+      const int64_t m = std::min(n, lines_ - ln_);
+      for (int64_t k = 0; k < m; ++k) _mm_prefetch(p + 64 * k, _MM_HINT_T1);
+      n -= m;
+      ln_ += m;
+      if (ln_ == lines_) {
         ln_ = 0;
         if (++b_ == nblk_) b_ = 0, ++h_;  // K's blocks, then V's
       }
@@ -100,8 +104,31 @@ inline void aim_at_next_sequence(SequencePrefetch& ahead, const std::vector<int6
   ahead.start(kc, vc, bt + (int64_t)seq_of[d] * bt_stride, nblk, bstride, steps, l2_bytes / 4);
 }
 
-// sg[t] = exp(sg[t] - max) / sum over t < L.
-static inline void softmax_row(float* sg, int64_t L) {
+#ifdef ROSEINFER_AVX512
+// exp8 on 16 lanes: the same operations lane by lane, so the same bits.
+static inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f)),
+                    _mm512_set1_ps(-88.3762626647949f));
+  __m512 fx = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f));
+  fx = _mm512_roundscale_ps(fx, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
+  __m512 y = _mm512_set1_ps(1.9875691500E-4f);
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507E-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073E-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894E-2f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459E-1f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201E-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
+  __m512i n = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(fx), _mm512_set1_epi32(0x7f)), 23);
+  return _mm512_mul_ps(y, _mm512_castsi512_ps(n));
+}
+#endif
+
+// sg[t] = exp(sg[t] - max) over t < L; returns 1 / their sum (softmax_row without its
+// last multiply: the caller applies it, possibly fused with another).  With AVX-512 the
+// exps run 16 at a time, each half added into the 8-lane sum in turn: the same order.
+static inline float softmax_exp(float* sg, int64_t L) {
   __m256 vm = _mm256_set1_ps(-INFINITY);  // the max is exact: any order gives the same
   int64_t t = 0;
   for (; t + 8 <= L; t += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(sg + t));
@@ -113,6 +140,15 @@ static inline void softmax_row(float* sg, int64_t L) {
   const __m256 vmx = _mm256_set1_ps(mx);
   __m256 vsum = _mm256_setzero_ps();
   t = 0;
+#ifdef ROSEINFER_AVX512
+  const __m512 zmx = _mm512_set1_ps(mx);
+  for (; t + 16 <= L; t += 16) {
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sg + t), zmx));
+    _mm512_storeu_ps(sg + t, e);
+    vsum = _mm256_add_ps(vsum, _mm512_castps512_ps256(e));
+    vsum = _mm256_add_ps(vsum, _mm512_extractf32x8_ps(e, 1));
+  }
+#endif
   for (; t + 8 <= L; t += 8) {
     __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + t), vmx));
     _mm256_storeu_ps(sg + t, e);
@@ -123,10 +159,16 @@ static inline void softmax_row(float* sg, int64_t L) {
     sg[t] = std::exp(sg[t] - mx);
     sum += sg[t];
   }
-  const __m256 inv = _mm256_set1_ps(1.f / sum);
-  t = 0;
+  return 1.f / sum;
+}
+
+// sg[t] = exp(sg[t] - max) / sum over t < L (as e_t * (1 / sum)).
+static inline void softmax_row(float* sg, int64_t L) {
+  const float r = softmax_exp(sg, L);
+  const __m256 inv = _mm256_set1_ps(r);
+  int64_t t = 0;
   for (; t + 8 <= L; t += 8) _mm256_storeu_ps(sg + t, _mm256_mul_ps(_mm256_loadu_ps(sg + t), inv));
-  for (; t < L; ++t) sg[t] *= 1.f / sum;
+  for (; t < L; ++t) sg[t] *= r;
 }
 
 template <typename KV>

@@ -9,8 +9,9 @@
 //            vpmaddwd; AMX: tdpbssd, q8_block_scores_amx; |dot_t| <= 256 * 128 * 127 < 2^24,
 //            so float(dot_t) is exact too)
 //   s_t    = (float(dot_t) * (qs * kscale_t)) * softmax_scale
-//   p_t    = softmax(s) as softmax_row (exp8 on groups of 8 positions, std::exp on the
-//            tail; p_t = e_t * (1 / sum))
+//   p_t    = softmax(s) as softmax_row (exp8's lanes on groups of 8 positions, summed
+//            in 8 lanes, std::exp on the tail; p_t = e_t * (1 / sum), applied in the
+//            pass that multiplies by vscale_t)
 //   out[i] = FMA chain over t of (p_t * vscale_t) * vq_t[i]
 // This file is compiled with -ffp-contract=off (build.py): the compiler fuses no mul + add
 // pair on its own, so both implementations round exactly where their source says.
@@ -291,13 +292,17 @@ static void q8_heads(const int8_t* qq, const float* qs, const int8_t* kc, const 
     }
   }
   prefetch_block(vc, 0);
-  for (int g = 0; g < GB; ++g) softmax_row(scores + g * L, L);
-  for (int64_t b = 0; b < nblk; ++b) {  // p_t * vscale_t; the V rows into cache
+  float inv[GB];  // softmax_row's last multiply, done below with the V scale's
+  for (int g = 0; g < GB; ++g) inv[g] = softmax_exp(scores + g * L, L);
+  for (int64_t b = 0; b < nblk; ++b) {  // p_t = e_t * inv, then p_t * vscale_t; the V rows into cache
     if (b + 1 < nblk) prefetch_block(vc, b + 1);
     const int8_t* base = rows_of(vc, b);
     for (int64_t r = 0, t1 = std::min(bs, L - b * bs); r < t1; ++r) {
       const float sv = q8_scale(base + r * rowb, DH);
-      for (int g = 0; g < GB; ++g) scores[g * L + b * bs + r] *= sv;
+      for (int g = 0; g < GB; ++g) {
+        float& w = scores[g * L + b * bs + r];
+        w = (w * inv[g]) * sv;
+      }
     }
   }
 #ifdef ROSEINFER_AVX512
