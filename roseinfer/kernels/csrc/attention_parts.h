@@ -129,8 +129,17 @@ static inline __m512 exp16(__m512 x) {
 // last multiply: the caller applies it, possibly fused with another).  With AVX-512 the
 // exps run 16 at a time, each half added into the 8-lane sum in turn: the same order.
 static inline float softmax_exp(float* sg, int64_t L) {
-  __m256 vm = _mm256_set1_ps(-INFINITY);  // the max is exact: any order gives the same
+  // The max is exact: any order gives the same (scores with a NaN give NaN outputs in any
+  // order), so four independent chains instead of one.
+  __m256 vm = _mm256_set1_ps(-INFINITY), vm1 = vm, vm2 = vm, vm3 = vm;
   int64_t t = 0;
+  for (; t + 32 <= L; t += 32) {
+    vm = _mm256_max_ps(vm, _mm256_loadu_ps(sg + t));
+    vm1 = _mm256_max_ps(vm1, _mm256_loadu_ps(sg + t + 8));
+    vm2 = _mm256_max_ps(vm2, _mm256_loadu_ps(sg + t + 16));
+    vm3 = _mm256_max_ps(vm3, _mm256_loadu_ps(sg + t + 24));
+  }
+  vm = _mm256_max_ps(_mm256_max_ps(vm, vm1), _mm256_max_ps(vm2, vm3));
   for (; t + 8 <= L; t += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(sg + t));
   alignas(32) float lanes[8];
   _mm256_store_ps(lanes, vm);
