@@ -202,7 +202,6 @@ static void q8_block_scores_amx(const int8_t* base, int64_t t1, int64_t rowb, co
       {2, 5, 8, 11, 14, 17, 20, 23, 26, 29, 32, 35, 38, 41, 44, 47}};
   constexpr __mmask16 kFromZ2[3] = {0xF800, 0xF800, 0xFC00};
   alignas(64) int32_t cb[16 * kQ8TileHeads];
-  alignas(64) float ks[16];
   const __m512 sc = _mm512_set1_ps(scale);
   for (int64_t r0 = 0; r0 < t1; r0 += 16) {
     const int64_t n = std::min<int64_t>(16, t1 - r0);
@@ -214,9 +213,12 @@ static void q8_block_scores_amx(const int8_t* base, int64_t t1, int64_t rowb, co
     if constexpr (kChunks > 2) { RI_TILE_LOAD(1, rows + 128, rowb); RI_TDP(tdpbssd, 0, 1, 4); }
     if constexpr (kChunks > 3) { RI_TILE_LOAD(1, rows + 192, rowb); RI_TDP(tdpbssd, 0, 1, 5); }
     RI_TILE_STORE_AT(0, cb, 4 * kQ8TileHeads);
-    for (int64_t j = 0; j < 16; ++j) ks[j] = j < n ? q8_scale(rows + j * rowb, DH) : 0.f;
-    const __m512 kv = _mm512_load_ps(ks);
     const __mmask16 m = static_cast<__mmask16>((1u << n) - 1);
+    // The 16 rows' K scales by one gather (scalar stores into ks, then a vector load of
+    // them, stall on store forwarding).
+    const __m512 kv = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, _mm512_mullo_epi32(
+        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+        _mm512_set1_epi32(static_cast<int32_t>(rowb))), rows + DH, 1);
     const __m512i z0 = _mm512_load_si512(cb), z1 = _mm512_load_si512(cb + 16),
                   z2 = _mm512_load_si512(cb + 32);
     for (int g = 0; g < GB; ++g) {  // column g of cb: the 16 slots' dots with head g
