@@ -89,9 +89,25 @@ def test_avx2_equals_portable(head_dim: int, heads: tuple[int, int], bs: int) ->
     assert torch.equal(simd, portable)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("bs", [16, 32, 5])
+def test_rows_alone_equal_rows_in_a_batch(head_dim: int, bs: int) -> None:
+    """A row alone takes the per-(row, KV head) items; in a batch with rows enough for every
+    thread, on AMX machines, the kernel that walks one row's every KV head block by block
+    (csrc/attention_q8_amx.h).  Both give the same bits."""
+    q, cache, tables, rows, lens = _case(head_dim, (9, 3), bs, 12, 6, seed=4)
+    scale = head_dim**-0.5
+    batch = torch.ops.roseinfer.paged_attention(q, cache, tables, rows, lens, bs, scale)
+    for i in range(q.shape[0]):
+        alone = torch.ops.roseinfer.paged_attention(q[i:i + 1], cache, tables, rows[i:i + 1],
+                                                    lens[i:i + 1], bs, scale)
+        assert torch.equal(alone[0], batch[i]), i
+
+
 @pytest.mark.parametrize("portable", [False, True])
 @pytest.mark.parametrize("bs", [4, 16])  # 16: whole blocks of 16 take the AMX tiles' Q.K
-def test_integer_dot_at_the_extremes(portable: bool, bs: int) -> None:
+@pytest.mark.parametrize("nrows", [1, 8])  # 8: the row kernel on AMX machines
+def test_integer_dot_at_the_extremes(portable: bool, bs: int, nrows: int) -> None:
     """Q.K is an exact integer dot: K bytes at -128 / 127 (the quantizer never writes -128,
     the kernel must still not saturate) against queries at +-127, scores up to
     64 * 128 * 127, match the float64 model."""
@@ -107,10 +123,14 @@ def test_integer_dot_at_the_extremes(portable: bool, bs: int) -> None:
     cache[:, :8, :, head_dim:] = scales.expand(2, 8, 1, 1).contiguous().view(torch.int8)
     q = torch.where(signs[:3], -1.0, 1.0).view(1, 3, head_dim) * 5.0  # qq = +-127
     q[0, 2] = -q[0, 2]
-    args = (q, cache, torch.arange(max(1, 8 // bs), dtype=torch.int32).view(1, -1),
-            torch.zeros(1, dtype=torch.int32), torch.tensor([8], dtype=torch.int32), bs, 0.125)
+    args = (q.expand(nrows, 3, head_dim).contiguous(), cache,
+            torch.arange(max(1, 8 // bs), dtype=torch.int32).view(1, -1),
+            torch.zeros(nrows, dtype=torch.int32), torch.full((nrows,), 8, dtype=torch.int32),
+            bs, 0.125)
     op = torch.ops.roseinfer.paged_attention_portable if portable else torch.ops.roseinfer.paged_attention
-    got = op(*args)[0]
+    out = op(*args)
+    assert all(torch.equal(out[i], out[0]) for i in range(nrows))
+    got = out[0]
     values = kv_int8.dequantize_rows(cache, torch.float64)[:, :8, 0]  # [2, 8, Dh]
     qi = kv_int8.dequantize_rows(kv_int8.quantize_rows(q[0]), torch.float64)  # [3, Dh]
     want = torch.softmax(qi @ values[0].T * 0.125, dim=-1) @ values[1]

@@ -21,6 +21,7 @@
 
 #include "amx.h"
 #include "attention_parts.h"
+#include "attention_q8_amx.h"
 #include "kv_q8.h"
 
 namespace roseinfer {
@@ -151,87 +152,6 @@ static inline void dots4(const int8_t* qq, const int8_t* const (&k)[4], __m128i 
 // int8 rows); qq: their quantized rows (kv_q8.h layout), qs their scales; scores [GB, L];
 // od [GB, DH].  Block-wise walks over the slots (no per-position cursor), the next block
 // prefetched.
-#ifdef ROSEINFER_AMX
-// The Q.K pass on AMX tiles (head dims of 64 bytes' multiples, blocks of 16-slot
-// multiples): the item's query heads as the tiles' B operand (tiles 2..: row r, column g:
-// qq bytes 4r..4r+3 of head g, one tile per 64 dims), loaded once; then per 16 slots of
-// a block one strided tile load of head kh's K rows (tile 1) gives the 16 x GB exact
-// int32 dots (tile 0), the integers of dots4, and each score is made as the vector loop
-// makes it: (float(dot) * (qs * ks)) * scale.  Rows of a last, partial block past the
-// context are loaded (the block is the pool's) but their scores are not stored.  The
-// dots and query tiles are kQ8TileHeads columns wide (a pass's heads, q8_item), not 16:
-// their store is 12 bytes a slot, read back by two permutes a head instead of a gather
-// (the op alone at batch 64, context 1,024: ~9% less compute, docs/kv-cache.md).
-constexpr int kQ8TileHeads = 3;
-inline TileConfig q8_attention_tiles() {
-  constexpr int kW = 4 * kQ8TileHeads;  // bytes a row: one int32 / 4 int8 per head
-  TileConfig c;
-  return c.tile(0, 16, kW).tile(1, 16, 64).tile(2, 16, kW).tile(3, 16, kW).tile(4, 16, kW)
-      .tile(5, 16, kW);
-}
-
-template <int DH, int GB>
-static void q8_query_tiles(const int8_t* qq) {
-  static_assert(DH % 64 == 0 && DH <= 256, "64-dim chunks, at most 4 B tiles");
-  constexpr int64_t kHead = DH + kQ8ScaleBytes, kChunks = DH / 64;
-  alignas(64) int8_t qb[kChunks][16 * 64] = {};  // [chunk][r][4g + i]
-  for (int64_t c = 0; c < kChunks; ++c)
-    for (int r = 0; r < 16; ++r)
-      for (int g = 0; g < GB; ++g)
-        for (int i = 0; i < 4; ++i) qb[c][r * 64 + 4 * g + i] = qq[g * kHead + 64 * c + 4 * r + i];
-  tile_barrier();  // qb is written
-  RI_TILE_LOAD(2, qb[0], 64);
-  if constexpr (kChunks > 1) RI_TILE_LOAD(3, qb[1], 64);
-  if constexpr (kChunks > 2) RI_TILE_LOAD(4, qb[2], 64);
-  if constexpr (kChunks > 3) RI_TILE_LOAD(5, qb[3], 64);
-}
-
-// The scores of a block's first t1 slots (rows at base, rowb apart) into scores[g * L + t]
-// (scores: the block's first position).
-template <int DH, int GB>
-static void q8_block_scores_amx(const int8_t* base, int64_t t1, int64_t rowb, const float* qs,
-                                float scale, float* scores, int64_t L) {
-  constexpr int64_t kChunks = DH / 64;
-  // Head g's dot of slot j at cb[kQ8TileHeads * j + g] (slots 12 bytes apart): lane j of
-  // z0 / z1 / z2 (cb's 48 values) picked by index 3j + g; the lanes where 3j + g >= 32
-  // from z2 (its low 4 bits index z2's lanes).
-  static_assert(kQ8TileHeads == 3 && GB <= kQ8TileHeads, "the index tables below; q8_item's passes");
-  alignas(64) static const int32_t kIdx[3][16] = {
-      {0, 3, 6, 9, 12, 15, 18, 21, 24, 27, 30, 33, 36, 39, 42, 45},
-      {1, 4, 7, 10, 13, 16, 19, 22, 25, 28, 31, 34, 37, 40, 43, 46},
-      {2, 5, 8, 11, 14, 17, 20, 23, 26, 29, 32, 35, 38, 41, 44, 47}};
-  constexpr __mmask16 kFromZ2[3] = {0xF800, 0xF800, 0xFC00};
-  alignas(64) int32_t cb[16 * kQ8TileHeads];
-  const __m512 sc = _mm512_set1_ps(scale);
-  for (int64_t r0 = 0; r0 < t1; r0 += 16) {
-    const int64_t n = std::min<int64_t>(16, t1 - r0);
-    const int8_t* rows = base + r0 * rowb;
-    RI_TILE_ZERO(0);
-    RI_TILE_LOAD(1, rows, rowb);
-    RI_TDP(tdpbssd, 0, 1, 2);
-    if constexpr (kChunks > 1) { RI_TILE_LOAD(1, rows + 64, rowb); RI_TDP(tdpbssd, 0, 1, 3); }
-    if constexpr (kChunks > 2) { RI_TILE_LOAD(1, rows + 128, rowb); RI_TDP(tdpbssd, 0, 1, 4); }
-    if constexpr (kChunks > 3) { RI_TILE_LOAD(1, rows + 192, rowb); RI_TDP(tdpbssd, 0, 1, 5); }
-    RI_TILE_STORE_AT(0, cb, 4 * kQ8TileHeads);
-    const __mmask16 m = static_cast<__mmask16>((1u << n) - 1);
-    // The 16 rows' K scales by one gather (scalar stores into ks, then a vector load of
-    // them, stall on store forwarding).
-    const __m512 kv = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, _mm512_mullo_epi32(
-        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-        _mm512_set1_epi32(static_cast<int32_t>(rowb))), rows + DH, 1);
-    const __m512i z0 = _mm512_load_si512(cb), z1 = _mm512_load_si512(cb + 16),
-                  z2 = _mm512_load_si512(cb + 32);
-    for (int g = 0; g < GB; ++g) {  // column g of cb: the 16 slots' dots with head g
-      const __m512i idx = _mm512_load_si512(kIdx[g]);
-      const __m512i d =
-          _mm512_mask_permutexvar_epi32(_mm512_permutex2var_epi32(z0, idx, z1), kFromZ2[g], idx, z2);
-      const __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(_mm512_set1_ps(qs[g]), kv));
-      _mm512_mask_storeu_ps(scores + g * L + r0, m, _mm512_mul_ps(s, sc));
-    }
-  }
-}
-#endif  // ROSEINFER_AMX
-
 template <int DH, int GB>
 static void q8_heads(const int8_t* qq, const float* qs, const int8_t* kc, const int8_t* vc,
                      const int32_t* table, int64_t L, int64_t rowb, int64_t bs, int64_t kh,
@@ -387,6 +307,11 @@ void attend_rows_q8(const float* q, const int8_t* kc, const int8_t* vc, const in
   bool simd = false;
 #ifdef ROSEINFER_AVX2
   simd = !portable && (Dh == 32 || Dh == 64 || Dh == 128 || Dh == 256);
+#endif
+#ifdef ROSEINFER_AMX
+  // Enough rows for every thread (two each at least): one row's every KV head at a time.
+  if (simd && Dh % 64 == 0 && bs % 16 == 0 && D >= 2 * at::get_num_threads() && amx_permitted())
+    return q8_rows_amx(q, kc, vc, bt, bt_stride, seq_of, lens, D, H, Hkv, Dh, bs, scale, out);
 #endif
   const std::vector<int64_t> order = item_order(seq_of, D, Hkv);
   [[maybe_unused]] const int64_t l2_bytes = l2_cache_bytes();
