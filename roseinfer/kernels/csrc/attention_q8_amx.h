@@ -141,13 +141,15 @@ static void q8_row_amx(const int8_t* qq, const float* qs, const int8_t* kc, cons
     const char* base = reinterpret_cast<const char*>(half + table[b] * bstride);
     for (int64_t l = l0; l < l1; ++l) _mm_prefetch(base + 64 * l, _MM_HINT_T0);
   };
-  fetch(kc, 0, 0, lines);
+  constexpr int64_t kA = 1;  // blocks ahead (2 or 3: slower, benchmarks/kv_int8.py)
+  for (int64_t b = 0; b < std::min(kA, nblk); ++b) fetch(kc, b, 0, lines);
   for (int64_t b = 0; b < nblk; ++b) {
     const int64_t t1 = std::min(bs, L - b * bs);
     const int8_t* blk = kc + table[b] * bstride;
     for (int64_t kh = 0; kh < Hkv; ++kh) {
-      if (b + 1 < nblk) fetch(kc, b + 1, kh * lines / Hkv, (kh + 1) * lines / Hkv);
-      else if (kh == 0) fetch(vc, 0, 0, lines);
+      const int64_t l0 = kh * lines / Hkv, l1 = (kh + 1) * lines / Hkv;
+      if (b + kA < nblk) fetch(kc, b + kA, l0, l1);
+      else if (b + kA - nblk < nblk) fetch(vc, b + kA - nblk, l0, l1);  // V's first blocks
       for (int64_t p = 0; p < npass; ++p) {
         const int64_t g0 = 3 * p, gb = std::min<int64_t>(3, G - g0), h0 = kh * G + g0;
         q8_load_query<DH>(qb + (kh * npass + p) * kChunks);
@@ -169,7 +171,7 @@ static void q8_row_amx(const int8_t* qq, const float* qs, const int8_t* kc, cons
     const int64_t t1 = std::min(bs, L - b * bs);
     const int8_t* blk = vc + table[b] * bstride;
     for (int64_t kh = 0; kh < Hkv; ++kh) {
-      if (b + 1 < nblk) fetch(vc, b + 1, kh * lines / Hkv, (kh + 1) * lines / Hkv);
+      if (b + kA < nblk) fetch(vc, b + kA, kh * lines / Hkv, (kh + 1) * lines / Hkv);
       const int8_t* rows = blk + kh * kHead;
       for (int64_t r0 = 0; r0 < t1; r0 += 16) {  // w_t = (e_t * inv) * vscale_t
         const __mmask16 m = static_cast<__mmask16>((1u << std::min<int64_t>(16, t1 - r0)) - 1);
