@@ -92,9 +92,9 @@ def test_avx2_equals_portable(head_dim: int, heads: tuple[int, int], bs: int) ->
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("bs", [16, 32, 5])
 def test_rows_alone_equal_rows_in_a_batch(head_dim: int, bs: int) -> None:
-    """A row alone takes the per-(row, KV head) items; in a batch with rows enough for every
-    thread, on AMX machines, the kernel that walks one row's every KV head block by block
-    (csrc/attention_q8_amx.h).  Both give the same bits."""
+    """A row alone takes the per-(row, KV head) items; in a batch of decode rows enough for
+    every thread, on AMX machines, the kernel that walks one row's every KV head block by
+    block (csrc/attention_q8_amx.h).  Both give the same bits."""
     q, cache, tables, rows, lens = _case(head_dim, (9, 3), bs, 12, 6, seed=4)
     scale = head_dim**-0.5
     batch = torch.ops.roseinfer.paged_attention(q, cache, tables, rows, lens, bs, scale)
@@ -106,7 +106,7 @@ def test_rows_alone_equal_rows_in_a_batch(head_dim: int, bs: int) -> None:
 
 @pytest.mark.parametrize("portable", [False, True])
 @pytest.mark.parametrize("bs", [4, 16])  # 16: whole blocks of 16 take the AMX tiles' Q.K
-@pytest.mark.parametrize("nrows", [1, 8])  # 8: the row kernel on AMX machines
+@pytest.mark.parametrize("nrows", [1, 8])  # 8 decode rows: the row kernel on AMX machines
 def test_integer_dot_at_the_extremes(portable: bool, bs: int, nrows: int) -> None:
     """Q.K is an exact integer dot: K bytes at -128 / 127 (the quantizer never writes -128,
     the kernel must still not saturate) against queries at +-127, scores up to
@@ -123,9 +123,9 @@ def test_integer_dot_at_the_extremes(portable: bool, bs: int, nrows: int) -> Non
     cache[:, :8, :, head_dim:] = scales.expand(2, 8, 1, 1).contiguous().view(torch.int8)
     q = torch.where(signs[:3], -1.0, 1.0).view(1, 3, head_dim) * 5.0  # qq = +-127
     q[0, 2] = -q[0, 2]
-    args = (q.expand(nrows, 3, head_dim).contiguous(), cache,
-            torch.arange(max(1, 8 // bs), dtype=torch.int32).view(1, -1),
-            torch.zeros(nrows, dtype=torch.int32), torch.full((nrows,), 8, dtype=torch.int32),
+    tables = torch.arange(max(1, 8 // bs), dtype=torch.int32).view(1, -1).repeat(nrows, 1)
+    args = (q.expand(nrows, 3, head_dim).contiguous(), cache, tables,  # nrows sequences, one cache
+            torch.arange(nrows, dtype=torch.int32), torch.full((nrows,), 8, dtype=torch.int32),
             bs, 0.125)
     op = torch.ops.roseinfer.paged_attention_portable if portable else torch.ops.roseinfer.paged_attention
     out = op(*args)
