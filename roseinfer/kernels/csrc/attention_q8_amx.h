@@ -1,6 +1,6 @@
 // The int8 KV attention's AMX pieces (attention_q8.cpp; Sapphire Rapids on): the Q.K
-// pass on tiles (exact int32 dots, tdpbssd) and, for batches with rows enough for every
-// thread, the kernel that takes one row's every KV head block by block.  The same scores,
+// pass on tiles (exact int32 dots, tdpbssd) and, for batches of decode rows enough for
+// every thread, the kernel that takes one row's every KV head block by block.  The same scores,
 // softmax and FMA chains as the AVX2 loops and the portable implementation: the same bits.
 #pragma once
 
