@@ -65,6 +65,18 @@ static void q8_query_tiles(const int8_t* qq) {
   q8_load_query<DH>(qb);
 }
 
+// The scales of up to 16 rows of one head (rows: the first row's values, rowb apart;
+// offs = q8_row_offsets(rowb)) by one gather, lanes past the mask m zero (16 scalar
+// stores and a vector load of them stall on store forwarding).
+inline __m512i q8_row_offsets(int64_t rowb) {
+  return _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                            _mm512_set1_epi32(static_cast<int32_t>(rowb)));
+}
+template <int DH>
+inline __m512 q8_scales16(const int8_t* rows, __m512i offs, __mmask16 m) {
+  return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, offs, rows + DH, 1);
+}
+
 // The scores of a block's first t1 slots (rows at base, rowb apart) into scores[g * L + t]
 // (scores: the block's first position).
 template <int DH, int GB>
@@ -82,6 +94,7 @@ static void q8_block_scores_amx(const int8_t* base, int64_t t1, int64_t rowb, co
   constexpr __mmask16 kFromZ2[3] = {0xF800, 0xF800, 0xFC00};
   alignas(64) int32_t cb[16 * kQ8TileHeads];
   const __m512 sc = _mm512_set1_ps(scale);
+  const __m512i offs = q8_row_offsets(rowb);
   for (int64_t r0 = 0; r0 < t1; r0 += 16) {
     const int64_t n = std::min<int64_t>(16, t1 - r0);
     const int8_t* rows = base + r0 * rowb;
@@ -93,11 +106,7 @@ static void q8_block_scores_amx(const int8_t* base, int64_t t1, int64_t rowb, co
     if constexpr (kChunks > 3) { RI_TILE_LOAD(1, rows + 192, rowb); RI_TDP(tdpbssd, 0, 1, 5); }
     RI_TILE_STORE_AT(0, cb, 4 * kQ8TileHeads);
     const __mmask16 m = static_cast<__mmask16>((1u << n) - 1);
-    // The 16 rows' K scales by one gather (scalar stores into ks, then a vector load of
-    // them, stall on store forwarding).
-    const __m512 kv = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, _mm512_mullo_epi32(
-        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-        _mm512_set1_epi32(static_cast<int32_t>(rowb))), rows + DH, 1);
+    const __m512 kv = q8_scales16<DH>(rows, offs, m);
     const __m512i z0 = _mm512_load_si512(cb), z1 = _mm512_load_si512(cb + 16),
                   z2 = _mm512_load_si512(cb + 32);
     for (int g = 0; g < GB; ++g) {  // column g of cb: the 16 slots' dots with head g
@@ -163,9 +172,7 @@ static void q8_row_amx(const int8_t* qq, const float* qs, const int8_t* kc, cons
   }
   const int64_t H = G * Hkv;
   for (int64_t h = 0; h < H; ++h) inv[h] = softmax_exp(scores + h * L, L);
-  const __m512i vrows = _mm512_mullo_epi32(
-      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-      _mm512_set1_epi32(static_cast<int32_t>(rowb)));
+  const __m512i offs = q8_row_offsets(rowb);
   constexpr int kChunkZ = DH / 16 < 4 ? DH / 16 : 4;  // 16-dim vectors per pass
   for (int64_t b = 0; b < nblk; ++b) {
     const int64_t t1 = std::min(bs, L - b * bs);
@@ -175,7 +182,7 @@ static void q8_row_amx(const int8_t* qq, const float* qs, const int8_t* kc, cons
       const int8_t* rows = blk + kh * kHead;
       for (int64_t r0 = 0; r0 < t1; r0 += 16) {  // w_t = (e_t * inv) * vscale_t
         const __mmask16 m = static_cast<__mmask16>((1u << std::min<int64_t>(16, t1 - r0)) - 1);
-        const __m512 sv = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, vrows, rows + r0 * rowb + DH, 1);
+        const __m512 sv = q8_scales16<DH>(rows + r0 * rowb, offs, m);
         for (int64_t g = 0; g < G; ++g) {
           float* w = scores + (kh * G + g) * L + b * bs + r0;
           const __m512 pw = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, w), _mm512_set1_ps(inv[kh * G + g]));
