@@ -110,6 +110,7 @@ def gguf_rows(raw: Tensor, qtype: int, ids: Tensor) -> Tensor:
     as ``gguf.quants.dequantize`` (read straight from ``raw``, e.g. an mmap view)."""
     raw = _check_raw(raw, int(qtype))
     ids = ids.reshape(-1)
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= raw.shape[0]):
+    values = ids.tolist()  # one tensor op, not min + max (each cache-cold in a decode step)
+    if values and (min(values) < 0 or max(values) >= raw.shape[0]):
         raise ValueError(f"row ids out of range [0, {raw.shape[0]})")
     return torch.ops.roseinfer.gguf_rows(raw, int(qtype), ids)

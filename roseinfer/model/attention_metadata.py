@@ -108,11 +108,11 @@ class AttentionMetadata:
         return int(self.logits_indices.shape[0])
 
 
-def _padded_block_tables(seqs: list[SeqSpec], dtype: torch.dtype = torch.int64) -> Tensor:
+def _padded_block_tables(seqs: list[SeqSpec]) -> Tensor:
     """[N, max_blocks] block tables, padded with block 0 (never indexed)."""
     width = max(1, max(len(s.block_table) for s in seqs))
     rows = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
-    return torch.tensor(rows, dtype=dtype)  # [N, W]
+    return torch.tensor(rows, dtype=torch.int64)  # [N, W]
 
 
 def _slots_for(
@@ -218,23 +218,33 @@ def build_attention_metadata(
 def _decode_only(seqs: list[SeqSpec], block_size: int, device: torch.device
                  ) -> AttentionMetadata:
     """The metadata of a step of decode sequences only (one new token each), from Python
-    ints: the same values as the general builder, without its ~20 small tensor ops."""
+    ints: the same values as the general builder, without its ~20 small tensor ops. Its
+    tensors are views of two (one int64, one int32): right after a decode step each
+    tensor op runs cache-cold, ~10-50 us apiece at batch 1 (docs/performance.md)."""
     pos = [s.num_computed_tokens for s in seqs]
     slots = [s.block_table[p // block_size] * block_size + p % block_size
              for s, p in zip(seqs, pos, strict=True)]
     lens = [p + 1 for p in pos]
     d = len(seqs)
+    width = max(1, max(len(s.block_table) for s in seqs))
+    ints = [*pos, *slots, *range(d), *lens]
+    int32s = [*range(d), *lens]
+    for s in seqs:  # block tables padded with block 0 (never indexed)
+        int32s += s.block_table
+        int32s += [0] * (width - len(s.block_table))
+    i64 = torch.tensor(ints, dtype=torch.int64, device=device)
+    i32 = torch.tensor(int32s, dtype=torch.int32, device=device)
     return AttentionMetadata(
-        positions=torch.tensor(pos, dtype=torch.int64, device=device),
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-        logits_indices=torch.arange(d, dtype=torch.int64, device=device),
+        positions=i64[:d],
+        slot_mapping=i64[d:2 * d],
+        logits_indices=i64[2 * d:3 * d],
         num_decode_tokens=d,
-        decode_context_lens=torch.tensor(lens, dtype=torch.int64, device=device),
+        decode_context_lens=i64[3 * d:],
         max_decode_context_len=max(lens),
         block_size=block_size,
-        block_tables=_padded_block_tables(seqs, torch.int32).to(device),
-        token_seq=torch.arange(d, dtype=torch.int32, device=device),
-        token_context_lens=torch.tensor(lens, dtype=torch.int32, device=device),
+        block_tables=i32[2 * d:].view(d, width),
+        token_seq=i32[:d],
+        token_context_lens=i32[d:2 * d],
     )
 
 

@@ -79,7 +79,10 @@ class ModelRunner:
             meta.lora = self.lora.batch(layout.row_loras)
         input_ids = torch.tensor(layout.token_ids, dtype=torch.long, device=self.device)  # [T]
         hidden = self.model(input_ids, meta.positions, self.kv_caches, meta)  # [T, H]
-        if layout.sample_rows:
+        if layout.sample_rows and layout.sample_rows == list(range(hidden.shape[0])):
+            # every row sampled (a step of decodes): no gather
+            sample_logits = self.model.compute_logits(hidden)  # [T, V]
+        elif layout.sample_rows:
             rows = torch.tensor(layout.sample_rows, dtype=torch.long, device=self.device)  # [R]
             sample_logits = self.model.compute_logits(hidden[rows])  # [R, V]
         else:
@@ -94,7 +97,9 @@ class ModelRunner:
             part = pool_chunk(hidden[a:b], req.pooling, s.completes, prev)
             if part is not None:
                 pooled[i] = part
-        return StepLogits(sample_logits.float(), prompt_logits, pooled)
+        if sample_logits.dtype != torch.float32:
+            sample_logits = sample_logits.float()
+        return StepLogits(sample_logits, prompt_logits, pooled)
 
 
 @dataclass(slots=True)

@@ -42,6 +42,7 @@ finite (NaN / inf after penalties or temperature) — is flagged in
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -164,8 +165,10 @@ def greedy_tokens(logits: Tensor) -> tuple[list[int], list[bool]]:
     of [B, V] logits' argmax (``max`` along V: its first maximum, its first NaN in a row
     with one, as ``argmax``) and whether that entry is finite (False: nothing to sample),
     as ``Sampler`` gives them for such a batch."""
-    values, ids = row_max(logits.float())  # [B] each
-    return ids.tolist(), torch.isfinite(values).tolist()
+    values, ids = row_max(logits if logits.dtype == torch.float32 else logits.float())
+    # math.isfinite on the Python floats, not torch.isfinite: right after a decode step
+    # every distinct tensor op runs cache-cold (~50 us for this one, docs/performance.md).
+    return ids.tolist(), [math.isfinite(v) for v in values.tolist()]
 
 
 def row_max(logits: Tensor) -> tuple[Tensor, Tensor]:
