@@ -79,7 +79,8 @@ class ModelRunner:
             meta.lora = self.lora.batch(layout.row_loras)
         input_ids = torch.tensor(layout.token_ids, dtype=torch.long, device=self.device)  # [T]
         hidden = self.model(input_ids, meta.positions, self.kv_caches, meta)  # [T, H]
-        if layout.sample_rows and layout.sample_rows == list(range(hidden.shape[0])):
+        t = hidden.shape[0]
+        if t and len(layout.sample_rows) == t and layout.sample_rows == list(range(t)):
             # every row sampled (a step of decodes): no gather
             sample_logits = self.model.compute_logits(hidden)  # [T, V]
         elif layout.sample_rows:
