@@ -23,6 +23,7 @@ block table; the only Python loops run over sequences, never over tokens.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,11 +109,15 @@ class AttentionMetadata:
         return int(self.logits_indices.shape[0])
 
 
-def _padded_block_tables(seqs: list[SeqSpec]) -> Tensor:
-    """[N, max_blocks] block tables, padded with block 0 (never indexed)."""
+def _padded_rows(seqs: list[SeqSpec]) -> list[list[int]]:
+    """[N][max_blocks] block tables, padded with block 0 (never indexed)."""
     width = max(1, max(len(s.block_table) for s in seqs))
-    rows = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
-    return torch.tensor(rows, dtype=torch.int64)  # [N, W]
+    return [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
+
+
+def _padded_block_tables(seqs: list[SeqSpec]) -> Tensor:
+    """[N, max_blocks] int64 block tables (``_padded_rows``)."""
+    return torch.tensor(_padded_rows(seqs), dtype=torch.int64)  # [N, W]
 
 
 def _slots_for(
@@ -226,12 +231,10 @@ def _decode_only(seqs: list[SeqSpec], block_size: int, device: torch.device
              for s, p in zip(seqs, pos, strict=True)]
     lens = [p + 1 for p in pos]
     d = len(seqs)
-    width = max(1, max(len(s.block_table) for s in seqs))
+    tables = _padded_rows(seqs)
+    width = len(tables[0])
     ints = [*pos, *slots, *range(d), *lens]
-    int32s = [*range(d), *lens]
-    for s in seqs:  # block tables padded with block 0 (never indexed)
-        int32s += s.block_table
-        int32s += [0] * (width - len(s.block_table))
+    int32s = [*range(d), *lens, *itertools.chain.from_iterable(tables)]
     i64 = torch.tensor(ints, dtype=torch.int64, device=device)
     i32 = torch.tensor(int32s, dtype=torch.int32, device=device)
     return AttentionMetadata(
