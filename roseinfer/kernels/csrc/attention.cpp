@@ -2,6 +2,7 @@
 // scalar fallback.
 #include "attention.h"
 #include "attention_parts.h"
+#include "attention_tile.h"
 
 namespace roseinfer {
 
@@ -62,20 +63,6 @@ static inline void scores4(const float* q, const KV* const (&k)[4], int64_t n, f
 // 512-bit forms of scores4 and of the P.V passes below, with every lane's FMA chain the
 // 256-bit one's (the same bits): scores hold rows j and j + 1 in the two halves of one
 // register (the query's 8 values in both), P.V 16 output dims per register.
-static inline __m512 load8x2(const float* a, const float* b) {
-  return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(a)), _mm256_loadu_ps(b), 1);
-}
-static inline __m512 load8x2(const at::Half* a, const at::Half* b) {
-  const __m128i* pa = reinterpret_cast<const __m128i*>(a);
-  const __m128i* pb = reinterpret_cast<const __m128i*>(b);
-  return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(pa)),
-                                                 _mm_loadu_si128(pb), 1));
-}
-static inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-static inline __m512 load16(const at::Half* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-
 template <int DH, int GB, typename KV>
 static inline void scores4_zmm(const float* q, const KV* const (&k)[4], int64_t n, float scale,
                                float* out, int64_t ld) {
@@ -244,15 +231,28 @@ void attend_rows(const float* q, const KV* kc, const KV* vc, const int32_t* bt,
   const int64_t G = H / Hkv;
   const int64_t row = Hkv * Dh;  // floats between consecutive slots
   const std::vector<int64_t> order = item_order(seq_of, D, Hkv);
-  at::parallel_for(0, D * Hkv, 1, [&](int64_t b0, int64_t e0) {
+  parallel_items(order, lens, Hkv, [&](int64_t b0, int64_t e0) {
     std::vector<float> scores;
     for (int64_t i = b0; i < e0; ++i) {
       const int64_t item = order[i], d = item / Hkv, kh = item % Hkv;
       const int64_t L = lens[d];
-      scores.resize(G * L);
       const float* qd = q + (d * H + kh * G) * Dh;
       const int32_t* table = bt + (int64_t)seq_of[d] * bt_stride;
       float* od = out + (d * H + kh * G) * Dh;
+#ifdef ROSEINFER_AVX512
+      if ((Dh == 32 || Dh == 64 || Dh == 128 || Dh == 256) &&
+          tile_rows_at(order, i, e0, seq_of, Hkv)) {
+        int64_t Lt[kTileRows];
+        for (int r = 0; r < kTileRows; ++r) Lt[r] = lens[d + r];
+        scores.resize(kTileRows * std::min<int64_t>(3, G) * *std::max_element(Lt, Lt + kTileRows));
+        auto tile = Dh == 32 ? attend_item_tile<32, KV> : Dh == 64 ? attend_item_tile<64, KV>
+                  : Dh == 128 ? attend_item_tile<128, KV> : attend_item_tile<256, KV>;
+        tile(qd, H * Dh, kc, vc, table, Lt, G, row, bs, kh, scale, scores.data(), od, H * Dh);
+        i += kTileRows - 1;
+        continue;
+      }
+#endif
+      scores.resize(G * L);
 #ifdef ROSEINFER_AVX2
       if (Dh == 32 || Dh == 64 || Dh == 128 || Dh == 256) {
         auto item = Dh == 32 ? attend_item<32, KV> : Dh == 64 ? attend_item<64, KV>

@@ -23,6 +23,34 @@ inline std::vector<int64_t> item_order(const int32_t* seq_of, int64_t D, int64_t
   return order;
 }
 
+// at::parallel_for over the items of `order` (item_order), each thread's range of about
+// equal work rather than of equal count: an item costs its row's context length plus
+// kItemCost positions (its fixed part).  A prefill chunk's rows grow in length, so equal
+// counts left the thread holding the chunk's last rows working longest.  Ranges decide
+// only which thread runs an item, never a value.
+constexpr int64_t kItemCost = 16;
+template <typename F>
+inline void parallel_items(const std::vector<int64_t>& order, const int32_t* lens, int64_t Hkv,
+                           const F& f) {
+  const int64_t n = static_cast<int64_t>(order.size());
+  const int64_t nt = std::min<int64_t>(at::get_num_threads(), n);
+  if (nt <= 1 || at::in_parallel_region()) {
+    if (n > 0) f(0, n);
+    return;
+  }
+  std::vector<int64_t> cum(n + 1, 0);  // strictly increasing: every item costs > 0
+  for (int64_t i = 0; i < n; ++i) cum[i + 1] = cum[i] + lens[order[i] / Hkv] + kItemCost;
+  auto bound = [&](int64_t t) {  // the first item of thread t's range
+    return std::lower_bound(cum.begin(), cum.end(), cum[n] * t / nt) - cum.begin();
+  };
+  at::parallel_for(0, nt, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = bound(t), e = t + 1 == nt ? n : bound(t + 1);
+      if (b < e) f(b, e);
+    }
+  });
+}
+
 // Position t of a context -> its cache slot, walking the block table without divisions.
 struct SlotCursor {
   const int32_t* table;

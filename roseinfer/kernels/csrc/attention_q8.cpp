@@ -319,7 +319,7 @@ void attend_rows_q8(const float* q, const int8_t* kc, const int8_t* vc, const in
 #endif
   const std::vector<int64_t> order = item_order(seq_of, D, Hkv);
   [[maybe_unused]] const int64_t l2_bytes = l2_cache_bytes();
-  at::parallel_for(0, D * Hkv, 1, [&](int64_t b0, int64_t e0) {
+  parallel_items(order, lens, Hkv, [&](int64_t b0, int64_t e0) {
     bool tiles = false;  // the Q.K pass on AMX tiles (q8_block_scores_amx)
 #ifdef ROSEINFER_AMX
     std::unique_ptr<TileScope> tiles_on;
