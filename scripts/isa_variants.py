@@ -9,7 +9,7 @@ CPU can run (``ROSEINFER_KERNEL_CFLAGS``: ``-DROSEINFER_NO_VNNI`` for the AVX2 l
 ``-DROSEINFER_NO_AVX512`` for 256-bit VNNI, ``-mno-avxvnni`` for AVX-512 VNNI's
 encoding, ``-DROSEINFER_NO_AMX`` for the vector loops where the native build uses AMX
 tiles, and the native build), runs a fixed set of kernel calls in a fresh process per
-variant (attention over fp32 / fp16 / int8 caches, the int8, Q4_1, act8 and GGUF GEMMs
+variant (attention over fp32 / fp16 / int8 caches, decode rows and prefill chunks, the int8, Q4_1, act8 and GGUF GEMMs
 at 1-83 rows) and prints one digest per variant; exit status 1 if they differ.
 A first build of each variant takes about a minute on two cores.
 
@@ -79,6 +79,13 @@ def digest() -> str:
             lens = torch.randint(1, width * bs + 1, (d,), generator=gen, dtype=torch.int32)
             rows = torch.arange(d, dtype=torch.int32)
             out = torch.ops.roseinfer.paged_attention(q, cache, tables, rows, lens, bs,
+                                                      head_dim**-0.5)
+            h.update(out.numpy().tobytes())
+            # Prefill chunks: 13 rows of sequence 0 after 100 positions, 6 of sequence 1
+            # from its start (consecutive rows of one sequence: attention_tile.h).
+            seq = torch.tensor([0] * 13 + [1] * 6, dtype=torch.int32)
+            chunk = torch.cat([torch.arange(101, 114), torch.arange(1, 7)]).to(torch.int32)
+            out = torch.ops.roseinfer.paged_attention(q[:19], cache, tables, seq, chunk, bs,
                                                       head_dim**-0.5)
             h.update(out.numpy().tobytes())
     x = torch.randn(83, 256, generator=gen) * 3
