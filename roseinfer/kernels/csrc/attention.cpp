@@ -96,30 +96,18 @@ static void attend_heads(const float* qd, const KV* kc, const KV* vc, const int3
                          int64_t L, int64_t row, int64_t bs, int64_t kh, float scale,
                          float* scores, float* od) {
   constexpr int64_t kRowBytes = DH * sizeof(KV);
-  const KV* zero = reinterpret_cast<const KV*>(kZeroRow);
-  SlotCursor c(table, bs, 0), ahead(table, bs, 0);
-  for (int64_t t = 0; t < std::min(kAhead, L); ++t, ahead.next())
-    prefetch_row(kc + ahead.slot() * row + kh * DH, kRowBytes);
+  KeyWalk4<KV> keys(table, bs, kc + kh * DH, row, L, kRowBytes);
   for (int64_t t0 = 0; t0 < L; t0 += 4) {
     const int64_t n = std::min<int64_t>(4, L - t0);
     const KV* k[4];
-    for (int64_t j = 0; j < 4; ++j) {
-      k[j] = j < n ? kc + c.slot() * row + kh * DH : zero;
-      if (j < n) c.next();
-      if (t0 + j + kAhead < L) {
-        prefetch_row(kc + ahead.slot() * row + kh * DH, kRowBytes);
-        ahead.next();
-      }
-    }
+    keys.next(t0, n, k);
 #ifdef ROSEINFER_AVX512
     scores4_zmm<DH, GB>(qd, k, n, scale, scores + t0, L);
 #else
     scores4<DH, GB>(qd, k, n, scale, scores + t0, L);
 #endif
   }
-  SlotCursor va(table, bs, 0);
-  for (int64_t t = 0; t < std::min(kAhead, L); ++t, va.next())
-    prefetch_row(vc + va.slot() * row + kh * DH, kRowBytes);
+  RowsAhead<KV> va(table, bs, vc + kh * DH, row, L, kRowBytes);
   for (int g = 0; g < GB; ++g) softmax_row(scores + g * L, L);
 #ifdef ROSEINFER_AVX512
   constexpr int kChunkZ = DH / 16 < 4 ? DH / 16 : 4;  // 16-dim vectors per pass
@@ -129,10 +117,7 @@ static void attend_heads(const float* qd, const KV* kc, const KV* vc, const int3
       for (int u = 0; u < kChunkZ; ++u) acc[g][u] = _mm512_setzero_ps();
     SlotCursor v(table, bs, 0);
     for (int64_t t = 0; t < L; ++t, v.next()) {
-      if (ch == 0 && t + kAhead < L) {
-        prefetch_row(vc + va.slot() * row + kh * DH, kRowBytes);
-        va.next();
-      }
+      if (ch == 0) va.step(t);
       const KV* vr = vc + v.slot() * row + kh * DH + 16 * ch;
       __m512 p[GB];
       for (int g = 0; g < GB; ++g) p[g] = _mm512_set1_ps(scores[g * L + t]);
@@ -152,10 +137,7 @@ static void attend_heads(const float* qd, const KV* kc, const KV* vc, const int3
       for (int u = 0; u < kChunk; ++u) acc[g][u] = _mm256_setzero_ps();
     SlotCursor v(table, bs, 0);
     for (int64_t t = 0; t < L; ++t, v.next()) {
-      if (ch == 0 && t + kAhead < L) {
-        prefetch_row(vc + va.slot() * row + kh * DH, kRowBytes);
-        va.next();
-      }
+      if (ch == 0) va.step(t);
       const KV* vr = vc + v.slot() * row + kh * DH + 8 * ch;
       __m256 p[GB];
       for (int g = 0; g < GB; ++g) p[g] = _mm256_broadcast_ss(scores + g * L + t);

@@ -132,6 +132,56 @@ inline void aim_at_next_sequence(SequencePrefetch& ahead, const std::vector<int6
   ahead.start(kc, vc, bt + (int64_t)seq_of[d] * bt_stride, nblk, bstride, steps, l2_bytes / 4);
 }
 
+// One KV head's rows of a context (K or V) fetched kAhead positions before their use:
+// the first kAhead at construction, then one more as each position t is used (step).
+// base: the head's first value in the cache half (half + kh * Dh); row: values between
+// slots.
+template <typename KV>
+class RowsAhead {
+ public:
+  RowsAhead(const int32_t* table, int64_t bs, const KV* base, int64_t row, int64_t L,
+            int64_t row_bytes)
+      : ahead_(table, bs, 0), base_(base), row_(row), L_(L), bytes_(row_bytes) {
+    for (int64_t t = 0; t < std::min(kAhead, L); ++t, ahead_.next())
+      prefetch_bytes(base_ + ahead_.slot() * row_, bytes_);
+  }
+  void step(int64_t t) {
+    if (t + kAhead < L_) {
+      prefetch_bytes(base_ + ahead_.slot() * row_, bytes_);
+      ahead_.next();
+    }
+  }
+
+ private:
+  SlotCursor ahead_;
+  const KV* base_;
+  int64_t row_, L_, bytes_;
+};
+
+// One KV head's K rows of a context, 4 positions at a time (positions past the context
+// given the zero row), prefetched as RowsAhead does.
+template <typename KV>
+class KeyWalk4 {
+ public:
+  KeyWalk4(const int32_t* table, int64_t bs, const KV* base, int64_t row, int64_t L,
+           int64_t row_bytes)
+      : c_(table, bs, 0), ahead_(table, bs, base, row, L, row_bytes), base_(base), row_(row) {}
+  // The rows of positions t0 .. t0 + 3 (those below the context's end: n) into k.
+  void next(int64_t t0, int64_t n, const KV* (&k)[4]) {
+    for (int64_t j = 0; j < 4; ++j) {
+      k[j] = j < n ? base_ + c_.slot() * row_ : reinterpret_cast<const KV*>(kZeroRow);
+      if (j < n) c_.next();
+      ahead_.step(t0 + j);
+    }
+  }
+
+ private:
+  SlotCursor c_;
+  RowsAhead<KV> ahead_;
+  const KV* base_;
+  int64_t row_;
+};
+
 #ifdef ROSEINFER_AVX512
 // exp8 on 16 lanes: the same operations lane by lane, so the same bits.
 static inline __m512 exp16(__m512 x) {

@@ -58,22 +58,12 @@ static void attend_heads_tile(const float* q, int64_t qstride, const KV* kc, con
   constexpr int R = kTileRows;
   constexpr int64_t kRowBytes = DH * sizeof(KV);
   const int64_t Lmax = *std::max_element(L, L + R), Lmin = *std::min_element(L, L + R);
-  const KV* zero = reinterpret_cast<const KV*>(kZeroRow);
   auto sc = [&](int r, int g) { return scores + (r * GB + g) * Lmax; };
-  SlotCursor c(table, bs, 0), ahead(table, bs, 0);
-  for (int64_t t = 0; t < std::min(kAhead, Lmax); ++t, ahead.next())
-    prefetch_row(kc + ahead.slot() * row + kh * DH, kRowBytes);
+  KeyWalk4<KV> keys(table, bs, kc + kh * DH, row, Lmax, kRowBytes);
   for (int64_t t0 = 0; t0 < Lmax; t0 += 4) {  // scores4_zmm for every row
     const int64_t n = std::min<int64_t>(4, Lmax - t0);
     const KV* k[4];
-    for (int64_t j = 0; j < 4; ++j) {
-      k[j] = j < n ? kc + c.slot() * row + kh * DH : zero;
-      if (j < n) c.next();
-      if (t0 + j + kAhead < Lmax) {
-        prefetch_row(kc + ahead.slot() * row + kh * DH, kRowBytes);
-        ahead.next();
-      }
-    }
+    keys.next(t0, n, k);
     __m512 a[R][GB][2];
     for (int r = 0; r < R; ++r)
       for (int g = 0; g < GB; ++g) a[r][g][0] = a[r][g][1] = _mm512_setzero_ps();
@@ -101,9 +91,7 @@ static void attend_heads_tile(const float* q, int64_t qstride, const KV* kc, con
         }
       }
   }
-  SlotCursor va(table, bs, 0);
-  for (int64_t t = 0; t < std::min(kAhead, Lmax); ++t, va.next())
-    prefetch_row(vc + va.slot() * row + kh * DH, kRowBytes);
+  RowsAhead<KV> va(table, bs, vc + kh * DH, row, Lmax, kRowBytes);
   for (int r = 0; r < R; ++r)
     for (int g = 0; g < GB; ++g) softmax_row(sc(r, g), L[r]);
   for (int ch = 0; ch < DH / 16; ch += 2) {  // 32 output dims a pass
@@ -112,10 +100,7 @@ static void attend_heads_tile(const float* q, int64_t qstride, const KV* kc, con
       for (int g = 0; g < GB; ++g) acc[r][g][0] = acc[r][g][1] = _mm512_setzero_ps();
     SlotCursor v(table, bs, 0);
     for (int64_t t = 0; t < Lmin; ++t, v.next()) {
-      if (ch == 0 && t + kAhead < Lmax) {
-        prefetch_row(vc + va.slot() * row + kh * DH, kRowBytes);
-        va.next();
-      }
+      if (ch == 0) va.step(t);
       const KV* vr = vc + v.slot() * row + kh * DH + 16 * ch;
       const __m512 v0 = load16(vr), v1 = load16(vr + 16);
       for (int r = 0; r < R; ++r)
