@@ -19,13 +19,14 @@ A GGUF type the kernels do not run is a ``ValueError`` naming the tensor and its
 (``quantization="none"`` loads any type dequantized).  F32 matrices (tiny test files)
 take the usual conversion (``quantize.convert_linear``: Q8_0), and so do F16 / BF16
 matrices when the user asked for it (``requantize_16bit``, quantization ``"q8_0"``:
-logged; as stored they read 2 bytes per weight, Q8_0 1.06).  Q4_1 parts of gate/up
+logged; as stored they read 2 bytes per weight, Q8_0 1.06).  Q4_1 parts of act8 layers
 (``act8_layer``) keep the kernels' int8 copy for steps of more than 4 rows
 (``extra_copy``: faster there, one byte per weight) only while those copies stay under
 ``EXTRA_COPY_SHARE`` of the file: the memory target is 1.15 x the file + 0.35 GB, and the
 default model (98 MB, 53 M such weights) measures 427 MB RSS without them (target: 463
 MB).  Other Q4_1 layers run the GGUF panels (nibbles at every row count, no copy).
-Gate/up (``act8_layer``) take int8 activations where their parts are Q4_1 or Q4_0
+Layers named by ``act8_layer`` (none by default, quantize.ACT8_LAYERS) take int8
+activations where their parts are Q4_1 or Q4_0
 (``csrc/q4_act8.h``; a Q4_0 file's parts read their nibbles at every step, never a copy).
 """
 
