@@ -213,6 +213,7 @@ void attend_rows(const float* q, const KV* kc, const KV* vc, const int32_t* bt,
   const int64_t G = H / Hkv;
   const int64_t row = Hkv * Dh;  // floats between consecutive slots
   const std::vector<int64_t> order = item_order(seq_of, D, Hkv);
+  [[maybe_unused]] const bool vec_dh = Dh == 32 || Dh == 64 || Dh == 128 || Dh == 256;
   parallel_items(order, lens, Hkv, [&](int64_t b0, int64_t e0) {
     std::vector<float> scores;
     for (int64_t i = b0; i < e0; ++i) {
@@ -222,8 +223,7 @@ void attend_rows(const float* q, const KV* kc, const KV* vc, const int32_t* bt,
       const int32_t* table = bt + (int64_t)seq_of[d] * bt_stride;
       float* od = out + (d * H + kh * G) * Dh;
 #ifdef ROSEINFER_AVX512
-      if ((Dh == 32 || Dh == 64 || Dh == 128 || Dh == 256) &&
-          tile_rows_at(order, i, e0, seq_of, Hkv)) {
+      if (vec_dh && tile_rows_at(order, i, e0, seq_of, Hkv)) {
         int64_t Lt[kTileRows];
         for (int r = 0; r < kTileRows; ++r) Lt[r] = lens[d + r];
         scores.resize(kTileRows * std::min<int64_t>(3, G) * *std::max_element(Lt, Lt + kTileRows));
@@ -236,7 +236,7 @@ void attend_rows(const float* q, const KV* kc, const KV* vc, const int32_t* bt,
 #endif
       scores.resize(G * L);
 #ifdef ROSEINFER_AVX2
-      if (Dh == 32 || Dh == 64 || Dh == 128 || Dh == 256) {
+      if (vec_dh) {
         auto item = Dh == 32 ? attend_item<32, KV> : Dh == 64 ? attend_item<64, KV>
                   : Dh == 128 ? attend_item<128, KV> : attend_item<256, KV>;
         item(qd, kc, vc, table, L, G, row, bs, kh, scale, scores.data(), od);

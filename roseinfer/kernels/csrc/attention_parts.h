@@ -45,7 +45,7 @@ inline void parallel_items(const std::vector<int64_t>& order, const int32_t* len
   };
   at::parallel_for(0, nt, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t b = bound(t), e = t + 1 == nt ? n : bound(t + 1);
+      const int64_t b = bound(t), e = bound(t + 1);  // bound(nt) = n
       if (b < e) f(b, e);
     }
   });
