@@ -94,13 +94,14 @@ static inline void scores4_zmm(const float* q, const KV* const (&k)[4], int64_t 
 template <int DH, int GB, typename KV>
 static void attend_heads(const float* qd, const KV* kc, const KV* vc, const int32_t* table,
                          int64_t L, int64_t row, int64_t bs, int64_t kh, float scale,
-                         float* scores, float* od) {
+                         float* scores, float* od, SequencePrefetch* next_seq) {
   constexpr int64_t kRowBytes = DH * sizeof(KV);
   KeyWalk4<KV> keys(table, bs, kc + kh * DH, row, L, kRowBytes);
   for (int64_t t0 = 0; t0 < L; t0 += 4) {
     const int64_t n = std::min<int64_t>(4, L - t0);
     const KV* k[4];
     keys.next(t0, n, k);
+    if (next_seq && t0 % bs < 4) next_seq->step();  // once a block (bs a multiple of 4)
 #ifdef ROSEINFER_AVX512
     scores4_zmm<DH, GB>(qd, k, n, scale, scores + t0, L);
 #else
@@ -117,7 +118,10 @@ static void attend_heads(const float* qd, const KV* kc, const KV* vc, const int3
       for (int u = 0; u < kChunkZ; ++u) acc[g][u] = _mm512_setzero_ps();
     SlotCursor v(table, bs, 0);
     for (int64_t t = 0; t < L; ++t, v.next()) {
-      if (ch == 0) va.step(t);
+      if (ch == 0) {
+        va.step(t);
+        if (next_seq && t % bs == 0) next_seq->step();
+      }
       const KV* vr = vc + v.slot() * row + kh * DH + 16 * ch;
       __m512 p[GB];
       for (int g = 0; g < GB; ++g) p[g] = _mm512_set1_ps(scores[g * L + t]);
@@ -137,7 +141,10 @@ static void attend_heads(const float* qd, const KV* kc, const KV* vc, const int3
       for (int u = 0; u < kChunk; ++u) acc[g][u] = _mm256_setzero_ps();
     SlotCursor v(table, bs, 0);
     for (int64_t t = 0; t < L; ++t, v.next()) {
-      if (ch == 0) va.step(t);
+      if (ch == 0) {
+        va.step(t);
+        if (next_seq && t % bs == 0) next_seq->step();
+      }
       const KV* vr = vc + v.slot() * row + kh * DH + 8 * ch;
       __m256 p[GB];
       for (int g = 0; g < GB; ++g) p[g] = _mm256_broadcast_ss(scores + g * L + t);
@@ -159,14 +166,14 @@ static void attend_heads(const float* qd, const KV* kc, const KV* vc, const int3
 template <int DH, typename KV>
 static void attend_item(const float* qd, const KV* kc, const KV* vc, const int32_t* table,
                         int64_t L, int64_t G, int64_t row, int64_t bs, int64_t kh, float scale,
-                        float* scores, float* od) {
+                        float* scores, float* od, SequencePrefetch* next_seq) {
   for (int64_t g0 = 0; g0 < G;) {
     const int64_t gb = std::min<int64_t>(3, G - g0);
     const float* q = qd + g0 * DH;
     float* o = od + g0 * DH;
-    if (gb == 3) attend_heads<DH, 3>(q, kc, vc, table, L, row, bs, kh, scale, scores, o);
-    else if (gb == 2) attend_heads<DH, 2>(q, kc, vc, table, L, row, bs, kh, scale, scores, o);
-    else attend_heads<DH, 1>(q, kc, vc, table, L, row, bs, kh, scale, scores, o);
+    if (gb == 3) attend_heads<DH, 3>(q, kc, vc, table, L, row, bs, kh, scale, scores, o, next_seq);
+    else if (gb == 2) attend_heads<DH, 2>(q, kc, vc, table, L, row, bs, kh, scale, scores, o, next_seq);
+    else attend_heads<DH, 1>(q, kc, vc, table, L, row, bs, kh, scale, scores, o, next_seq);
     g0 += gb;
   }
 }
@@ -214,11 +221,24 @@ void attend_rows(const float* q, const KV* kc, const KV* vc, const int32_t* bt,
   const int64_t row = Hkv * Dh;  // floats between consecutive slots
   const std::vector<int64_t> order = item_order(seq_of, D, Hkv);
   [[maybe_unused]] const bool vec_dh = Dh == 32 || Dh == 64 || Dh == 128 || Dh == 256;
+#ifdef ROSEINFER_AVX2
+  const bool stream_next = float_sequence_prefetch();
+  const int64_t l2_bytes = l2_cache_bytes();
+#endif
   parallel_items(order, lens, Hkv, [&](int64_t b0, int64_t e0) {
     std::vector<float> scores;
+#ifdef ROSEINFER_AVX2
+    SequencePrefetch next_seq;  // stream_next: the range's next sequence into L2
+    SequencePrefetch* const ns = stream_next ? &next_seq : nullptr;
+#endif
     for (int64_t i = b0; i < e0; ++i) {
       const int64_t item = order[i], d = item / Hkv, kh = item % Hkv;
       const int64_t L = lens[d];
+#ifdef ROSEINFER_AVX2
+      if (ns)  // a K and a P.V step per block in each pass of up to 3 query heads
+        aim_at_next_sequence(next_seq, order, i, b0, e0, seq_of, lens, Hkv, bt, bt_stride, kc,
+                             vc, bs, bs * row * (int64_t)sizeof(KV), 2 * ((G + 2) / 3), l2_bytes);
+#endif
       const float* qd = q + (d * H + kh * G) * Dh;
       const int32_t* table = bt + (int64_t)seq_of[d] * bt_stride;
       float* od = out + (d * H + kh * G) * Dh;
@@ -239,7 +259,7 @@ void attend_rows(const float* q, const KV* kc, const KV* vc, const int32_t* bt,
       if (vec_dh) {
         auto item = Dh == 32 ? attend_item<32, KV> : Dh == 64 ? attend_item<64, KV>
                   : Dh == 128 ? attend_item<128, KV> : attend_item<256, KV>;
-        item(qd, kc, vc, table, L, G, row, bs, kh, scale, scores.data(), od);
+        item(qd, kc, vc, table, L, G, row, bs, kh, scale, scores.data(), od, ns);
         continue;
       }
 #endif

@@ -1,0 +1,59 @@
+"""Streaming the next sequence into L2 (the float / fp16 attention kernel, on by default on
+AMD CPUs, ``ROSEINFER_F16_SEQ_PREFETCH``) changes only when data arrives: the op's bits
+are the same with it on and off, and the same as each row alone."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from roseinfer.kernels import cpu_kernels_available
+
+pytestmark = pytest.mark.skipif(not cpu_kernels_available(), reason="CPU kernels unavailable")
+
+# Decode rows of 40 sequences (several per thread, lengths 1 to 300) then a prefill chunk,
+# block sizes 16 and 5, fp32 and fp16 caches: sha256 of the outputs, and whether every
+# row equals itself alone.
+_LOAD = "from roseinfer.kernels import cpu_kernels_available\nassert cpu_kernels_available()\n"
+_SCRIPT = """
+import hashlib, torch
+h = hashlib.sha256()
+alone_ok = True
+gen = torch.Generator().manual_seed(5)
+for dtype in (torch.float32, torch.float16):
+    for bs in (16, 5):
+        width, heads, hkv, dh = 64 if bs == 5 else 20, 9, 3, 64
+        n = 41
+        tables = torch.randperm(n * width, generator=gen).view(n, width).to(torch.int32)
+        cache = torch.randn(2, n * width * bs, hkv, dh, generator=gen).to(dtype)
+        lens = torch.randint(1, 301, (40,), generator=gen, dtype=torch.int32)
+        seq = list(range(40)) + [40] * 6
+        lens = torch.cat([lens, torch.arange(60, 66, dtype=torch.int32)])
+        seq = torch.tensor(seq, dtype=torch.int32)
+        q = torch.randn(len(seq), heads, dh, generator=gen)
+        out = torch.ops.roseinfer.paged_attention(q, cache, tables, seq, lens, bs, dh**-0.5)
+        h.update(out.numpy().tobytes())
+        for i in range(0, 40, 7):
+            one = torch.ops.roseinfer.paged_attention(q[i:i + 1], cache, tables, seq[i:i + 1],
+                                                      lens[i:i + 1], bs, dh**-0.5)
+            alone_ok &= torch.equal(one[0], out[i])
+print(h.hexdigest(), alone_ok)
+"""
+
+
+def _run(stream: str) -> tuple[str, str]:
+    env = {**os.environ, "ROSEINFER_F16_SEQ_PREFETCH": stream, "OMP_NUM_THREADS": "2"}
+    proc = subprocess.run([sys.executable, "-c", _LOAD + _SCRIPT],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    digest, alone = proc.stdout.split()
+    return digest, alone
+
+
+def test_next_sequence_stream_changes_no_bits() -> None:
+    on, off = _run("1"), _run("0")
+    assert on[1] == "True" and off[1] == "True"
+    assert on[0] == off[0]
