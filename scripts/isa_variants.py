@@ -11,6 +11,10 @@ encoding, ``-DROSEINFER_NO_AMX`` for the vector loops where the native build use
 tiles, and the native build), runs a fixed set of kernel calls in a fresh process per
 variant (attention over fp32 / fp16 / int8 caches, decode rows and prefill chunks, the int8, Q4_1, act8 and GGUF GEMMs
 at 1-83 rows) and prints one digest per variant; exit status 1 if they differ.
+A second digest covers the default model end to end (``model_digest``: the logits of
+every step of three chat prompts, prefill chunks and decode batches, in the default
+format, in exact fp32 and over the int8 KV cache): equal across the variants too, and
+the value to compare between machines (docs/performance.md records each CPU's).
 A first build of each variant takes about a minute on two cores.
 
     .venv/bin/python -m scripts.isa_variants
@@ -109,6 +113,36 @@ def digest() -> str:
     return h.hexdigest()[:16]
 
 
+MODEL_PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.",
+                 "Translate 'Good morning' into Spanish."]
+
+
+def model_digest() -> str:
+    """sha256 over the logits the default model samples from at every step (the runner's
+    ``sample_logits``) of three greedy chat requests run together: prompts in chunks of at
+    most 16 tokens, then decode batches; in the default format, in exact fp32 and over
+    the int8 KV cache."""
+    from roseinfer.llm import LLM
+    from roseinfer.sampling_params import SamplingParams
+
+    h = hashlib.sha256()
+    for quantization, kv in (("auto", "auto"), ("none", "auto"), ("auto", "int8")):
+        llm = LLM(quantization=quantization, kv_cache_dtype=kv, max_num_batched_tokens=16,
+                  weight_cache=False)
+        runner = llm.engine.runner
+        execute = runner.execute
+
+        def hashed(scheduled, execute=execute):  # the step as it was, its logits hashed
+            out = execute(scheduled)
+            h.update(out.sample_logits.numpy().tobytes())
+            return out
+
+        runner.execute = hashed
+        llm.chat([[{"role": "user", "content": p}] for p in MODEL_PROMPTS],
+                 SamplingParams(max_tokens=8, temperature=0.0))
+    return h.hexdigest()[:16]
+
+
 def _q4_1(w):
     """w rounded to Q4_1 values (gguf's quantizer), as float32."""
     import gguf
@@ -124,7 +158,7 @@ def main() -> int:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(digest())
+        print(f"kernels {digest()} model {model_digest()}")
         return 0
     results = {}
     for name in runnable():
