@@ -1,6 +1,8 @@
-"""Streaming the next sequence into L2 (the float / fp16 attention kernel, on by default on
-AMD CPUs, ``ROSEINFER_F16_SEQ_PREFETCH``) changes only when data arrives: the op's bits
-are the same with it on and off, and the same as each row alone."""
+"""The float / fp16 attention kernel's prefetches change only when data arrives: streaming
+the next sequence into L2 (on by default on AMD CPUs, ``ROSEINFER_F16_SEQ_PREFETCH``) and,
+at batch 1, a thread's first KV head fetching every head's rows it takes
+(``ROSEINFER_ATTN_WIDE_PF``): the op's bits are the same with each on and off, and the
+same as each row alone."""
 
 from __future__ import annotations
 
@@ -44,9 +46,31 @@ print(h.hexdigest(), alone_ok)
 """
 
 
-def _run(stream: str) -> tuple[str, str]:
-    env = {**os.environ, "ROSEINFER_F16_SEQ_PREFETCH": stream, "OMP_NUM_THREADS": "2"}
-    proc = subprocess.run([sys.executable, "-c", _LOAD + _SCRIPT],
+# One row at a time (batch 1), contexts up to 3,000, KV heads 3 (the default model), 8
+# and 1, fp32 and fp16 caches, block sizes 16 and 5.
+_SINGLE = """
+import hashlib, torch
+h = hashlib.sha256()
+gen = torch.Generator().manual_seed(7)
+for dtype in (torch.float32, torch.float16):
+    for bs in (16, 5):
+        for heads, hkv, dh in ((9, 3, 64), (32, 8, 64), (4, 1, 128)):
+            width = 3000 // bs + 1
+            tables = torch.randperm(width, generator=gen).view(1, width).to(torch.int32)
+            cache = torch.randn(2, width * bs, hkv, dh, generator=gen).to(dtype)
+            for n in (1, 37, 600, 3000):
+                q = torch.randn(1, heads, dh, generator=gen)
+                out = torch.ops.roseinfer.paged_attention(
+                    q, cache, tables, torch.zeros(1, dtype=torch.int32),
+                    torch.tensor([n], dtype=torch.int32), bs, dh**-0.5)
+                h.update(out.numpy().tobytes())
+print(h.hexdigest(), True)
+"""
+
+
+def _run(var: str, value: str, script: str = _SCRIPT) -> tuple[str, str]:
+    env = {**os.environ, var: value, "OMP_NUM_THREADS": "2"}
+    proc = subprocess.run([sys.executable, "-c", _LOAD + script],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     digest, alone = proc.stdout.split()
@@ -54,6 +78,12 @@ def _run(stream: str) -> tuple[str, str]:
 
 
 def test_next_sequence_stream_changes_no_bits() -> None:
-    on, off = _run("1"), _run("0")
+    on, off = _run("ROSEINFER_F16_SEQ_PREFETCH", "1"), _run("ROSEINFER_F16_SEQ_PREFETCH", "0")
     assert on[1] == "True" and off[1] == "True"
+    assert on[0] == off[0]
+
+
+def test_batch1_wide_prefetch_changes_no_bits() -> None:
+    on = _run("ROSEINFER_ATTN_WIDE_PF", "1", _SINGLE)
+    off = _run("ROSEINFER_ATTN_WIDE_PF", "0", _SINGLE)
     assert on[0] == off[0]

@@ -91,12 +91,17 @@ static inline void scores4_zmm(const float* q, const KV* const (&k)[4], int64_t 
 // Query heads [0, GB) of one item: scores, softmax, then out[g] = sum_t p[g][t] v[t],
 // 32 output dims at a time (each V vector widened once for the GB heads), every lane an
 // FMA chain over the positions in order.
-template <int DH, int GB, typename KV>
+template <int DH, int GB, typename KV, bool WIDE = false>
 static void attend_heads(const float* qd, const KV* kc, const KV* vc, const int32_t* table,
                          int64_t L, int64_t row, int64_t bs, int64_t kh, float scale,
-                         float* scores, float* od, SequencePrefetch* next_seq) {
+                         float* scores, float* od, SequencePrefetch* next_seq,
+                         int64_t pf_heads) {
   constexpr int64_t kRowBytes = DH * sizeof(KV);
-  KeyWalk4<KV> keys(table, bs, kc + kh * DH, row, L, kRowBytes);
+  // WIDE: prefetch the rows of pf_heads KV heads from kh on (the thread's next items of
+  // this row read them from cache); else the item's own (a compile-time size: the
+  // prefetch loop unrolled).
+  const int64_t pf_bytes = WIDE ? pf_heads * kRowBytes : kRowBytes;
+  KeyWalk4<KV> keys(table, bs, kc + kh * DH, row, L, pf_bytes);
   for (int64_t t0 = 0; t0 < L; t0 += 4) {
     const int64_t n = std::min<int64_t>(4, L - t0);
     const KV* k[4];
@@ -108,7 +113,7 @@ static void attend_heads(const float* qd, const KV* kc, const KV* vc, const int3
     scores4<DH, GB>(qd, k, n, scale, scores + t0, L);
 #endif
   }
-  RowsAhead<KV> va(table, bs, vc + kh * DH, row, L, kRowBytes);
+  RowsAhead<KV> va(table, bs, vc + kh * DH, row, L, pf_bytes);
   for (int g = 0; g < GB; ++g) softmax_row(scores + g * L, L);
 #ifdef ROSEINFER_AVX512
   constexpr int kChunkZ = DH / 16 < 4 ? DH / 16 : 4;  // 16-dim vectors per pass
@@ -163,17 +168,23 @@ static void attend_heads(const float* qd, const KV* kc, const KV* vc, const int3
 // query heads in passes of up to 3 (the accumulators stay in registers).  The passes
 // only group memory traffic: every value's arithmetic is fixed by the row's query,
 // context and length.
-template <int DH, typename KV>
+template <int DH, typename KV, bool WIDE = false>
 static void attend_item(const float* qd, const KV* kc, const KV* vc, const int32_t* table,
                         int64_t L, int64_t G, int64_t row, int64_t bs, int64_t kh, float scale,
-                        float* scores, float* od, SequencePrefetch* next_seq) {
+                        float* scores, float* od, SequencePrefetch* next_seq,
+                        int64_t pf_heads) {
   for (int64_t g0 = 0; g0 < G;) {
     const int64_t gb = std::min<int64_t>(3, G - g0);
     const float* q = qd + g0 * DH;
     float* o = od + g0 * DH;
-    if (gb == 3) attend_heads<DH, 3>(q, kc, vc, table, L, row, bs, kh, scale, scores, o, next_seq);
-    else if (gb == 2) attend_heads<DH, 2>(q, kc, vc, table, L, row, bs, kh, scale, scores, o, next_seq);
-    else attend_heads<DH, 1>(q, kc, vc, table, L, row, bs, kh, scale, scores, o, next_seq);
+    if (WIDE && g0 == 0)  // the first pass prefetches pf_heads KV heads' rows
+      (gb == 3   ? attend_heads<DH, 3, KV, true>
+       : gb == 2 ? attend_heads<DH, 2, KV, true>
+                 : attend_heads<DH, 1, KV, true>)(q, kc, vc, table, L, row, bs, kh, scale,
+                                                  scores, o, next_seq, pf_heads);
+    else if (gb == 3) attend_heads<DH, 3>(q, kc, vc, table, L, row, bs, kh, scale, scores, o, next_seq, 1);
+    else if (gb == 2) attend_heads<DH, 2>(q, kc, vc, table, L, row, bs, kh, scale, scores, o, next_seq, 1);
+    else attend_heads<DH, 1>(q, kc, vc, table, L, row, bs, kh, scale, scores, o, next_seq, 1);
     g0 += gb;
   }
 }
@@ -224,6 +235,10 @@ void attend_rows(const float* q, const KV* kc, const KV* vc, const int32_t* bt,
 #ifdef ROSEINFER_AVX2
   const bool stream_next = float_sequence_prefetch();
   const int64_t l2_bytes = l2_cache_bytes();
+  // One row (batch 1: its KV heads over the threads): a thread's first item prefetches
+  // the rows of every head it takes (wide_prefetch_permitted; at batch 2 it measured no
+  // gain); many rows: the next-sequence stream.
+  const bool wide_first = D == 1 && wide_prefetch_permitted();
 #endif
   parallel_items(order, lens, Hkv, [&](int64_t b0, int64_t e0) {
     std::vector<float> scores;
@@ -259,7 +274,13 @@ void attend_rows(const float* q, const KV* kc, const KV* vc, const int32_t* bt,
       if (vec_dh) {
         auto item = Dh == 32 ? attend_item<32, KV> : Dh == 64 ? attend_item<64, KV>
                   : Dh == 128 ? attend_item<128, KV> : attend_item<256, KV>;
-        item(qd, kc, vc, table, L, G, row, bs, kh, scale, scores.data(), od, ns);
+        int64_t run = 1;  // this thread's items of row d from this one: KV heads kh, kh + 1, ...
+        if (wide_first && (i == b0 || order[i - 1] / Hkv != d))
+          while (i + run < e0 && order[i + run] == order[i] + run && order[i + run] / Hkv == d) ++run;
+        if (run > 1)
+          item = Dh == 32 ? attend_item<32, KV, true> : Dh == 64 ? attend_item<64, KV, true>
+               : Dh == 128 ? attend_item<128, KV, true> : attend_item<256, KV, true>;
+        item(qd, kc, vc, table, L, G, row, bs, kh, scale, scores.data(), od, ns, run);
         continue;
       }
 #endif

@@ -133,6 +133,19 @@ inline bool float_sequence_prefetch() {
   return on;
 }
 
+// Whether, with one row (batch 1), a thread's first item prefetches the rows of every
+// KV head it takes of the row (the slot-major cache puts one head's 128 bytes at a
+// 384-byte stride, which DRAM serves at about half the rate of whole runs; the thread's
+// next heads then read from cache).
+// ROSEINFER_ATTN_WIDE_PF=0 turns it off, for an A/B.  Only when data arrives changes.
+inline bool wide_prefetch_permitted() {
+  static const bool on = [] {
+    const char* env = std::getenv("ROSEINFER_ATTN_WIDE_PF");
+    return !(env && env[0] == '0');
+  }();
+  return on;
+}
+
 // Called at each item i of a thread's range [b, e) of `order`: at a sequence's first item,
 // aims `ahead` at the range's next sequence, its share spread over the step() calls of
 // this sequence's items (steps_per_block per block of context each).  At most a quarter
@@ -179,7 +192,8 @@ class RowsAhead {
 };
 
 // One KV head's K rows of a context, 4 positions at a time (positions past the context
-// given the zero row), prefetched as RowsAhead does.
+// given the zero row), prefetched as RowsAhead does (row_bytes from each row's start:
+// more than the head's own bytes take the slot's next heads too).
 template <typename KV>
 class KeyWalk4 {
  public:
