@@ -117,29 +117,37 @@ MODEL_PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.
                  "Translate 'Good morning' into Spanish."]
 
 
-def model_digest() -> str:
-    """sha256 over the logits the default model samples from at every step (the runner's
+def step_logits(quantization: str, kv: str, max_tokens: int = 8,
+                num_threads: int | None = None) -> list:
+    """The logits the default model samples from at every step (the runner's
     ``sample_logits``) of three greedy chat requests run together: prompts in chunks of at
-    most 16 tokens, then decode batches; in the default format, in exact fp32 and over
-    the int8 KV cache."""
+    most 16 tokens, then decode batches."""
     from roseinfer.llm import LLM
     from roseinfer.sampling_params import SamplingParams
 
+    llm = LLM(quantization=quantization, kv_cache_dtype=kv, max_num_batched_tokens=16,
+              weight_cache=False, num_threads=num_threads)
+    runner = llm.engine.runner
+    execute, seen = runner.execute, []
+
+    def recorded(scheduled):  # the step as it was, its logits kept
+        out = execute(scheduled)
+        seen.append(out.sample_logits.clone())
+        return out
+
+    runner.execute = recorded
+    llm.chat([[{"role": "user", "content": p}] for p in MODEL_PROMPTS],
+             SamplingParams(max_tokens=max_tokens, temperature=0.0))
+    return seen
+
+
+def model_digest() -> str:
+    """sha256 over ``step_logits`` in the default format, in exact fp32 and over the int8
+    KV cache."""
     h = hashlib.sha256()
     for quantization, kv in (("auto", "auto"), ("none", "auto"), ("auto", "int8")):
-        llm = LLM(quantization=quantization, kv_cache_dtype=kv, max_num_batched_tokens=16,
-                  weight_cache=False)
-        runner = llm.engine.runner
-        execute = runner.execute
-
-        def hashed(scheduled, execute=execute):  # the step as it was, its logits hashed
-            out = execute(scheduled)
-            h.update(out.sample_logits.numpy().tobytes())
-            return out
-
-        runner.execute = hashed
-        llm.chat([[{"role": "user", "content": p}] for p in MODEL_PROMPTS],
-                 SamplingParams(max_tokens=8, temperature=0.0))
+        for logits in step_logits(quantization, kv):
+            h.update(logits.numpy().tobytes())
     return h.hexdigest()[:16]
 
 

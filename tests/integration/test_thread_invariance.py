@@ -9,31 +9,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from roseinfer.llm import LLM
-from roseinfer.sampling_params import SamplingParams
+from scripts.isa_variants import step_logits
 
 pytestmark = pytest.mark.slow  # default model: `make test-fast` skips it
 
-QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.",
-             "Translate 'Good morning' into Spanish."]
-
 
 def _step_logits(threads: int, kv: str) -> list[torch.Tensor]:
-    """Every step's sampled logits of the three greedy chats, prompts in 16-token chunks."""
-    llm = LLM(kv_cache_dtype=kv, max_num_batched_tokens=16, num_threads=threads)
+    """Every step's sampled logits of three greedy chats, prompts in 16-token chunks."""
+    logits = step_logits("auto", kv, max_tokens=12, num_threads=threads)
     assert torch.get_num_threads() == threads
-    runner = llm.engine.runner
-    execute, seen = runner.execute, []
-
-    def recorded(scheduled):  # the step as it was, its logits kept
-        out = execute(scheduled)
-        seen.append(out.sample_logits.clone())
-        return out
-
-    runner.execute = recorded
-    llm.chat([[{"role": "user", "content": q}] for q in QUESTIONS],
-             SamplingParams(max_tokens=12, temperature=0.0))
-    return seen
+    return logits
 
 
 @pytest.mark.parametrize("kv", ["auto", "int8"])

@@ -168,7 +168,7 @@ static void attend_heads(const float* qd, const KV* kc, const KV* vc, const int3
 // query heads in passes of up to 3 (the accumulators stay in registers).  The passes
 // only group memory traffic: every value's arithmetic is fixed by the row's query,
 // context and length.
-template <int DH, typename KV, bool WIDE = false>
+template <int DH, typename KV>
 static void attend_item(const float* qd, const KV* kc, const KV* vc, const int32_t* table,
                         int64_t L, int64_t G, int64_t row, int64_t bs, int64_t kh, float scale,
                         float* scores, float* od, SequencePrefetch* next_seq,
@@ -177,7 +177,7 @@ static void attend_item(const float* qd, const KV* kc, const KV* vc, const int32
     const int64_t gb = std::min<int64_t>(3, G - g0);
     const float* q = qd + g0 * DH;
     float* o = od + g0 * DH;
-    if (WIDE && g0 == 0)  // the first pass prefetches pf_heads KV heads' rows
+    if (pf_heads > 1 && g0 == 0)  // the first pass prefetches pf_heads KV heads' rows
       (gb == 3   ? attend_heads<DH, 3, KV, true>
        : gb == 2 ? attend_heads<DH, 2, KV, true>
                  : attend_heads<DH, 1, KV, true>)(q, kc, vc, table, L, row, bs, kh, scale,
@@ -274,13 +274,9 @@ void attend_rows(const float* q, const KV* kc, const KV* vc, const int32_t* bt,
       if (vec_dh) {
         auto item = Dh == 32 ? attend_item<32, KV> : Dh == 64 ? attend_item<64, KV>
                   : Dh == 128 ? attend_item<128, KV> : attend_item<256, KV>;
-        int64_t run = 1;  // this thread's items of row d from this one: KV heads kh, kh + 1, ...
-        if (wide_first && (i == b0 || order[i - 1] / Hkv != d))
-          while (i + run < e0 && order[i + run] == order[i] + run && order[i + run] / Hkv == d) ++run;
-        if (run > 1)
-          item = Dh == 32 ? attend_item<32, KV, true> : Dh == 64 ? attend_item<64, KV, true>
-               : Dh == 128 ? attend_item<128, KV, true> : attend_item<256, KV, true>;
-        item(qd, kc, vc, table, L, G, row, bs, kh, scale, scores.data(), od, ns, run);
+        // One row: the range is its KV heads b0 .. e0 - 1 in order; the first fetches all.
+        const int64_t pf_heads = wide_first && i == b0 ? e0 - b0 : 1;
+        item(qd, kc, vc, table, L, G, row, bs, kh, scale, scores.data(), od, ns, pf_heads);
         continue;
       }
 #endif

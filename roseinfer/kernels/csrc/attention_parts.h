@@ -120,8 +120,9 @@ class SequencePrefetch {
 
 // Whether the float / fp16 kernel streams the next sequence into L2 as the int8 one does:
 // on AMD CPUs (measured on Zen 4: the fp16 op 10-25% faster at batch 16-64,
-// docs/kv-cache.md), not on Intel ones (Sapphire Rapids: slower at context 128).  ROSEINFER_F16_SEQ_PREFETCH=1 /
-// 0 overrides, for an A/B on another CPU.  Only when data arrives changes, never a value.
+// docs/kv-cache.md), not on Intel ones (Sapphire Rapids: slower at context 128).
+// ROSEINFER_F16_SEQ_PREFETCH=1 / 0 overrides, for an A/B on another CPU.  Only when data
+// arrives changes, never a value.
 inline bool float_sequence_prefetch() {
   static const bool on = [] {
     const char* env = std::getenv("ROSEINFER_F16_SEQ_PREFETCH");
