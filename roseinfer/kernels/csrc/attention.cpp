@@ -13,6 +13,25 @@ static inline __m256 load8(const at::Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
+// Register-width helpers for the P.V pass (256- or 512-bit lanes, the same per-lane ops).
+template <typename V> static inline V vzero();
+template <> inline __m256 vzero<__m256>() { return _mm256_setzero_ps(); }
+template <typename V> static inline V vbroadcast(const float* p);
+template <> inline __m256 vbroadcast<__m256>(const float* p) { return _mm256_broadcast_ss(p); }
+template <typename V, typename KV> static inline V vload(const KV* p);
+template <> inline __m256 vload<__m256, float>(const float* p) { return load8(p); }
+template <> inline __m256 vload<__m256, at::Half>(const at::Half* p) { return load8(p); }
+static inline __m256 vfmadd(__m256 a, __m256 b, __m256 c) { return _mm256_fmadd_ps(a, b, c); }
+static inline void vstore(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+#ifdef ROSEINFER_AVX512
+template <> inline __m512 vzero<__m512>() { return _mm512_setzero_ps(); }
+template <> inline __m512 vbroadcast<__m512>(const float* p) { return _mm512_set1_ps(*p); }
+template <> inline __m512 vload<__m512, float>(const float* p) { return load16(p); }
+template <> inline __m512 vload<__m512, at::Half>(const at::Half* p) { return load16(p); }
+static inline __m512 vfmadd(__m512 a, __m512 b, __m512 c) { return _mm512_fmadd_ps(a, b, c); }
+static inline void vstore(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+#endif
+
 // sum_i a[i] * b[i] for n a multiple of 8.
 static inline float dot(const float* a, const float* b, int64_t n) {
   __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
@@ -90,7 +109,10 @@ static inline void scores4_zmm(const float* q, const KV* const (&k)[4], int64_t 
 
 // Query heads [0, GB) of one item: scores, softmax, then out[g] = sum_t p[g][t] v[t],
 // 32 output dims at a time (each V vector widened once for the GB heads), every lane an
-// FMA chain over the positions in order.
+// FMA chain over the positions in order.  Both passes walk the context a block at a time
+// (a row is the block's first plus a multiple of `row`: no slot arithmetic per
+// position) and prefetch the rows kAhead positions on (the block that many on, at the
+// same offset), pf_bytes from each row's start.
 template <int DH, int GB, typename KV, bool WIDE = false>
 static void attend_heads(const float* qd, const KV* kc, const KV* vc, const int32_t* table,
                          int64_t L, int64_t row, int64_t bs, int64_t kh, float scale,
@@ -101,67 +123,72 @@ static void attend_heads(const float* qd, const KV* kc, const KV* vc, const int3
   // this row read them from cache); else the item's own (a compile-time size: the
   // prefetch loop unrolled).
   const int64_t pf_bytes = WIDE ? pf_heads * kRowBytes : kRowBytes;
-  KeyWalk4<KV> keys(table, bs, kc + kh * DH, row, L, pf_bytes);
-  for (int64_t t0 = 0; t0 < L; t0 += 4) {
-    const int64_t n = std::min<int64_t>(4, L - t0);
-    const KV* k[4];
-    keys.next(t0, n, k);
-    if (next_seq && t0 % bs < 4) next_seq->step();  // once a block (bs a multiple of 4)
+  const int64_t nblk = (L + bs - 1) / bs;
+  const int64_t ahead = std::max<int64_t>(1, kAhead / bs);  // blocks
+  const int64_t block_values = bs * row;
+  auto rows_in = [&](int64_t b) { return std::min(bs, L - b * bs); };
+  auto prefetch_block = [&](const KV* base, int64_t b) {
+    const KV* p = base + (int64_t)table[b] * block_values;
+    for (int64_t j = 0, n = rows_in(b); j < n; ++j) prefetch_bytes(p + j * row, pf_bytes);
+  };
+  const KV* kbase = kc + kh * DH;
+  const KV* vbase = vc + kh * DH;
+  for (int64_t b = 0; b < std::min(ahead, nblk); ++b) prefetch_block(kbase, b);
+  const KV* const zero = reinterpret_cast<const KV*>(kZeroRow);
+  for (int64_t b = 0; b < nblk; ++b) {
+    const int64_t t0 = b * bs, n = rows_in(b);
+    const KV* kb = kbase + (int64_t)table[b] * block_values;
+    const bool pf = b + ahead < nblk;
+    const KV* pb = pf ? kbase + (int64_t)table[b + ahead] * block_values : nullptr;
+    const int64_t pn = pf ? rows_in(b + ahead) : 0;
+    if (next_seq) next_seq->step();
+    for (int64_t j = 0; j < n; j += 4) {
+      const int64_t m = std::min<int64_t>(4, n - j);
+      const KV* k[4];
+      for (int i = 0; i < 4; ++i) k[i] = i < m ? kb + (j + i) * row : zero;
+      for (int64_t i = j; i < std::min(j + 4, pn); ++i) prefetch_bytes(pb + i * row, pf_bytes);
 #ifdef ROSEINFER_AVX512
-    scores4_zmm<DH, GB>(qd, k, n, scale, scores + t0, L);
+      scores4_zmm<DH, GB>(qd, k, m, scale, scores + t0 + j, L);
 #else
-    scores4<DH, GB>(qd, k, n, scale, scores + t0, L);
+      scores4<DH, GB>(qd, k, m, scale, scores + t0 + j, L);
 #endif
+    }
   }
-  RowsAhead<KV> va(table, bs, vc + kh * DH, row, L, pf_bytes);
+  for (int64_t b = 0; b < std::min(ahead, nblk); ++b) prefetch_block(vbase, b);
   for (int g = 0; g < GB; ++g) softmax_row(scores + g * L, L);
 #ifdef ROSEINFER_AVX512
-  constexpr int kChunkZ = DH / 16 < 4 ? DH / 16 : 4;  // 16-dim vectors per pass
-  for (int ch = 0; ch < DH / 16; ch += kChunkZ) {
-    __m512 acc[GB][kChunkZ];
-    for (int g = 0; g < GB; ++g)
-      for (int u = 0; u < kChunkZ; ++u) acc[g][u] = _mm512_setzero_ps();
-    SlotCursor v(table, bs, 0);
-    for (int64_t t = 0; t < L; ++t, v.next()) {
-      if (ch == 0) {
-        va.step(t);
-        if (next_seq && t % bs == 0) next_seq->step();
-      }
-      const KV* vr = vc + v.slot() * row + kh * DH + 16 * ch;
-      __m512 p[GB];
-      for (int g = 0; g < GB; ++g) p[g] = _mm512_set1_ps(scores[g * L + t]);
-      for (int u = 0; u < kChunkZ; ++u) {
-        const __m512 vv = load16(vr + 16 * u);
-        for (int g = 0; g < GB; ++g) acc[g][u] = _mm512_fmadd_ps(p[g], vv, acc[g][u]);
-      }
-    }
-    for (int g = 0; g < GB; ++g)
-      for (int u = 0; u < kChunkZ; ++u) _mm512_storeu_ps(od + g * DH + 16 * (ch + u), acc[g][u]);
-  }
+  constexpr int kW = 16;  // output dims a register
+  using Vec = __m512;
 #else
-  constexpr int kChunk = DH / 8 < 4 ? DH / 8 : 4;  // vectors per pass
-  for (int ch = 0; ch < DH / 8; ch += kChunk) {
-    __m256 acc[GB][kChunk];
+  constexpr int kW = 8;
+  using Vec = __m256;
+#endif
+  constexpr int kChunk = DH / kW < 4 ? DH / kW : 4;  // registers a pass
+  for (int ch = 0; ch < DH / kW; ch += kChunk) {
+    Vec acc[GB][kChunk];
     for (int g = 0; g < GB; ++g)
-      for (int u = 0; u < kChunk; ++u) acc[g][u] = _mm256_setzero_ps();
-    SlotCursor v(table, bs, 0);
-    for (int64_t t = 0; t < L; ++t, v.next()) {
-      if (ch == 0) {
-        va.step(t);
-        if (next_seq && t % bs == 0) next_seq->step();
-      }
-      const KV* vr = vc + v.slot() * row + kh * DH + 8 * ch;
-      __m256 p[GB];
-      for (int g = 0; g < GB; ++g) p[g] = _mm256_broadcast_ss(scores + g * L + t);
-      for (int u = 0; u < kChunk; ++u) {
-        const __m256 vv = load8(vr + 8 * u);
-        for (int g = 0; g < GB; ++g) acc[g][u] = _mm256_fmadd_ps(p[g], vv, acc[g][u]);
+      for (int u = 0; u < kChunk; ++u) acc[g][u] = vzero<Vec>();
+    for (int64_t b = 0; b < nblk; ++b) {
+      const int64_t t0 = b * bs, n = rows_in(b);
+      const KV* vb = vbase + (int64_t)table[b] * block_values + kW * ch;
+      const bool pf = ch == 0 && b + ahead < nblk;
+      const KV* pb = pf ? vbase + (int64_t)table[b + ahead] * block_values : nullptr;
+      const int64_t pn = pf ? rows_in(b + ahead) : 0;
+      if (ch == 0 && next_seq) next_seq->step();
+      for (int64_t j = 0; j < n; ++j) {
+        if (j < pn) prefetch_bytes(pb + j * row, pf_bytes);
+        const KV* vr = vb + j * row;
+        Vec p[GB];
+        for (int g = 0; g < GB; ++g) p[g] = vbroadcast<Vec>(scores + g * L + t0 + j);
+        for (int u = 0; u < kChunk; ++u) {
+          const Vec vv = vload<Vec>(vr + kW * u);
+          for (int g = 0; g < GB; ++g) acc[g][u] = vfmadd(p[g], vv, acc[g][u]);
+        }
       }
     }
     for (int g = 0; g < GB; ++g)
-      for (int u = 0; u < kChunk; ++u) _mm256_storeu_ps(od + g * DH + 8 * (ch + u), acc[g][u]);
+      for (int u = 0; u < kChunk; ++u) vstore(od + g * DH + kW * (ch + u), acc[g][u]);
   }
-#endif  // ROSEINFER_AVX512
 }
 
 // One (sequence, KV head) work item with the head dim known at compile time: its G
