@@ -79,30 +79,41 @@ static inline void scores4(const float* q, const KV* const (&k)[4], int64_t n, f
 }
 
 #ifdef ROSEINFER_AVX512
-// 512-bit forms of scores4 and of the P.V passes below, with every lane's FMA chain the
-// 256-bit one's (the same bits): scores hold rows j and j + 1 in the two halves of one
-// register (the query's 8 values in both), P.V 16 output dims per register.
+// 512-bit forms: the scores below (two K rows a register) and the P.V pass's 16 output
+// dims a register (attend_heads), every lane's FMA chain the 256-bit one's.
+// reduce4's pairwise step on 512 bits: per 128-bit lane [x0 + x1, x2 + x3, y0 + y1, y2 + y3].
+static inline __m512 hadd_zmm(__m512 x, __m512 y) {
+  return _mm512_add_ps(_mm512_shuffle_ps(x, y, 0x88), _mm512_shuffle_ps(x, y, 0xDD));
+}
+
+// scores4 for the K rows k[0..8) at once: rows 2i and 2i + 1 in the halves of a[g][i],
+// every lane the same FMA chain over the DH/8 vectors, and each score reduced by
+// reduce4's tree ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) with 512-bit
+// shuffles (eight scores of a head in four steps instead of two reduce4s), so the same
+// bits.  n of them stored at out[g * ld + j].
 template <int DH, int GB, typename KV>
-static inline void scores4_zmm(const float* q, const KV* const (&k)[4], int64_t n, float scale,
+static inline void scores8_zmm(const float* q, const KV* const (&k)[8], int64_t n, float scale,
                                float* out, int64_t ld) {
-  __m512 a[GB][2];
-  for (int g = 0; g < GB; ++g) a[g][0] = a[g][1] = _mm512_setzero_ps();
+  __m512 a[GB][4];
+  for (int g = 0; g < GB; ++g)
+    for (int i = 0; i < 4; ++i) a[g][i] = _mm512_setzero_ps();
   for (int v = 0; v < DH / 8; ++v) {
-    const __m512 k01 = load8x2(k[0] + 8 * v, k[1] + 8 * v);
-    const __m512 k23 = load8x2(k[2] + 8 * v, k[3] + 8 * v);
+    __m512 kk[4];
+    for (int i = 0; i < 4; ++i) kk[i] = load8x2(k[2 * i] + 8 * v, k[2 * i + 1] + 8 * v);
     for (int g = 0; g < GB; ++g) {
       const __m512 qv = _mm512_broadcast_f32x8(_mm256_loadu_ps(q + g * DH + 8 * v));
-      a[g][0] = _mm512_fmadd_ps(k01, qv, a[g][0]);
-      a[g][1] = _mm512_fmadd_ps(k23, qv, a[g][1]);
+      for (int i = 0; i < 4; ++i) a[g][i] = _mm512_fmadd_ps(kk[i], qv, a[g][i]);
     }
   }
+  // After the two pairwise steps, 128-bit lane 0 / 1 holds the low / high half sums of
+  // rows 0, 2, 4, 6 and lane 2 / 3 those of rows 1, 3, 5, 7.
+  const __m512i order = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __mmask16 keep = static_cast<__mmask16>((1u << n) - 1);
   for (int g = 0; g < GB; ++g) {
-    const __m256 r[4] = {_mm512_castps512_ps256(a[g][0]), _mm512_extractf32x8_ps(a[g][0], 1),
-                         _mm512_castps512_ps256(a[g][1]), _mm512_extractf32x8_ps(a[g][1], 1)};
-    const __m128 s = _mm_mul_ps(reduce4(r), _mm_set1_ps(scale));
-    alignas(16) float tmp[4];
-    _mm_store_ps(tmp, s);
-    for (int64_t j = 0; j < n; ++j) out[g * ld + j] = tmp[j];
+    const __m512 h = hadd_zmm(hadd_zmm(a[g][0], a[g][1]), hadd_zmm(a[g][2], a[g][3]));
+    const __m512 s = _mm512_add_ps(h, _mm512_shuffle_f32x4(h, h, _MM_SHUFFLE(2, 3, 0, 1)));
+    _mm512_mask_storeu_ps(out + g * ld, keep,
+                          _mm512_permutexvar_ps(order, _mm512_mul_ps(s, _mm512_set1_ps(scale))));
   }
 }
 #endif  // ROSEINFER_AVX512
@@ -142,13 +153,18 @@ static void attend_heads(const float* qd, const KV* kc, const KV* vc, const int3
     const KV* pb = pf ? kbase + (int64_t)table[b + ahead] * block_values : nullptr;
     const int64_t pn = pf ? rows_in(b + ahead) : 0;
     if (next_seq) next_seq->step();
-    for (int64_t j = 0; j < n; j += 4) {
-      const int64_t m = std::min<int64_t>(4, n - j);
-      const KV* k[4];
-      for (int i = 0; i < 4; ++i) k[i] = i < m ? kb + (j + i) * row : zero;
-      for (int64_t i = j; i < std::min(j + 4, pn); ++i) prefetch_bytes(pb + i * row, pf_bytes);
 #ifdef ROSEINFER_AVX512
-      scores4_zmm<DH, GB>(qd, k, m, scale, scores + t0 + j, L);
+    constexpr int kGroup = 8;
+#else
+    constexpr int kGroup = 4;
+#endif
+    for (int64_t j = 0; j < n; j += kGroup) {
+      const int64_t m = std::min<int64_t>(kGroup, n - j);
+      const KV* k[kGroup];
+      for (int i = 0; i < kGroup; ++i) k[i] = i < m ? kb + (j + i) * row : zero;
+      for (int64_t i = j; i < std::min(j + kGroup, pn); ++i) prefetch_bytes(pb + i * row, pf_bytes);
+#ifdef ROSEINFER_AVX512
+      scores8_zmm<DH, GB>(qd, k, m, scale, scores + t0 + j, L);
 #else
       scores4<DH, GB>(qd, k, m, scale, scores + t0 + j, L);
 #endif
