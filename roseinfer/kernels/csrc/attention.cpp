@@ -3,35 +3,11 @@
 #include "attention.h"
 #include "attention_parts.h"
 #include "attention_tile.h"
+#include "attention_scores.h"
 
 namespace roseinfer {
 
 #ifdef ROSEINFER_AVX2
-// 8 cache elements as fp32 (an fp16 cache is widened with F16C).
-static inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-static inline __m256 load8(const at::Half* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-
-// Register-width helpers for the P.V pass (256- or 512-bit lanes, the same per-lane ops).
-template <typename V> static inline V vzero();
-template <> inline __m256 vzero<__m256>() { return _mm256_setzero_ps(); }
-template <typename V> static inline V vbroadcast(const float* p);
-template <> inline __m256 vbroadcast<__m256>(const float* p) { return _mm256_broadcast_ss(p); }
-template <typename V, typename KV> static inline V vload(const KV* p);
-template <> inline __m256 vload<__m256, float>(const float* p) { return load8(p); }
-template <> inline __m256 vload<__m256, at::Half>(const at::Half* p) { return load8(p); }
-static inline __m256 vfmadd(__m256 a, __m256 b, __m256 c) { return _mm256_fmadd_ps(a, b, c); }
-static inline void vstore(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
-#ifdef ROSEINFER_AVX512
-template <> inline __m512 vzero<__m512>() { return _mm512_setzero_ps(); }
-template <> inline __m512 vbroadcast<__m512>(const float* p) { return _mm512_set1_ps(*p); }
-template <> inline __m512 vload<__m512, float>(const float* p) { return load16(p); }
-template <> inline __m512 vload<__m512, at::Half>(const at::Half* p) { return load16(p); }
-static inline __m512 vfmadd(__m512 a, __m512 b, __m512 c) { return _mm512_fmadd_ps(a, b, c); }
-static inline void vstore(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
-#endif
-
 // sum_i a[i] * b[i] for n a multiple of 8.
 static inline float dot(const float* a, const float* b, int64_t n) {
   __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
@@ -51,89 +27,20 @@ static inline void axpy(float* acc, float p, const float* v, int64_t n) {
                                               _mm256_loadu_ps(acc + i)));
 }
 
-// Scores of query heads q[0..GB) (stride DH) against the K rows k[0..4): per (head, row)
-// an FMA chain over the DH/8 vectors, then reduce4; n of them stored at out[g * ld + j].
-// Each K vector is widened once for the GB heads.
-template <int DH, int GB, typename KV>
-static inline void scores4(const float* q, const KV* const (&k)[4], int64_t n, float scale,
-                           float* out, int64_t ld) {
-  __m256 a[GB][4];
-  for (int g = 0; g < GB; ++g)
-    for (int j = 0; j < 4; ++j) a[g][j] = _mm256_setzero_ps();
-  for (int v = 0; v < DH / 8; ++v)
-    for (int j = 0; j < 4; ++j) {
-      const __m256 kv = load8(k[j] + 8 * v);
-      for (int g = 0; g < GB; ++g)
-        a[g][j] = _mm256_fmadd_ps(kv, _mm256_loadu_ps(q + g * DH + 8 * v), a[g][j]);
-    }
-  for (int g = 0; g < GB; ++g) {
-    const __m128 s = _mm_mul_ps(reduce4(a[g]), _mm_set1_ps(scale));
-    if (n == 4) {
-      _mm_storeu_ps(out + g * ld, s);
-    } else {
-      alignas(16) float tmp[4];
-      _mm_store_ps(tmp, s);
-      for (int64_t j = 0; j < n; ++j) out[g * ld + j] = tmp[j];
-    }
-  }
-}
-
-#ifdef ROSEINFER_AVX512
-// 512-bit forms: the scores below (two K rows a register) and the P.V pass's 16 output
-// dims a register (attend_heads), every lane's FMA chain the 256-bit one's.
-// reduce4's pairwise step on 512 bits: per 128-bit lane [x0 + x1, x2 + x3, y0 + y1, y2 + y3].
-static inline __m512 hadd_zmm(__m512 x, __m512 y) {
-  return _mm512_add_ps(_mm512_shuffle_ps(x, y, 0x88), _mm512_shuffle_ps(x, y, 0xDD));
-}
-
-// scores4 for the K rows k[0..8) at once: rows 2i and 2i + 1 in the halves of a[g][i],
-// every lane the same FMA chain over the DH/8 vectors, and each score reduced by
-// reduce4's tree ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) with 512-bit
-// shuffles (eight scores of a head in four steps instead of two reduce4s), so the same
-// bits.  n of them stored at out[g * ld + j].
-template <int DH, int GB, typename KV>
-static inline void scores8_zmm(const float* q, const KV* const (&k)[8], int64_t n, float scale,
-                               float* out, int64_t ld) {
-  __m512 a[GB][4];
-  for (int g = 0; g < GB; ++g)
-    for (int i = 0; i < 4; ++i) a[g][i] = _mm512_setzero_ps();
-  for (int v = 0; v < DH / 8; ++v) {
-    __m512 kk[4];
-    for (int i = 0; i < 4; ++i) kk[i] = load8x2(k[2 * i] + 8 * v, k[2 * i + 1] + 8 * v);
-    for (int g = 0; g < GB; ++g) {
-      const __m512 qv = _mm512_broadcast_f32x8(_mm256_loadu_ps(q + g * DH + 8 * v));
-      for (int i = 0; i < 4; ++i) a[g][i] = _mm512_fmadd_ps(kk[i], qv, a[g][i]);
-    }
-  }
-  // After the two pairwise steps, 128-bit lane 0 / 1 holds the low / high half sums of
-  // rows 0, 2, 4, 6 and lane 2 / 3 those of rows 1, 3, 5, 7.
-  const __m512i order = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 0, 0, 0, 0, 0, 0, 0, 0);
-  const __mmask16 keep = static_cast<__mmask16>((1u << n) - 1);
-  for (int g = 0; g < GB; ++g) {
-    const __m512 h = hadd_zmm(hadd_zmm(a[g][0], a[g][1]), hadd_zmm(a[g][2], a[g][3]));
-    const __m512 s = _mm512_add_ps(h, _mm512_shuffle_f32x4(h, h, _MM_SHUFFLE(2, 3, 0, 1)));
-    _mm512_mask_storeu_ps(out + g * ld, keep,
-                          _mm512_permutexvar_ps(order, _mm512_mul_ps(s, _mm512_set1_ps(scale))));
-  }
-}
-#endif  // ROSEINFER_AVX512
-
 // Query heads [0, GB) of one item: scores, softmax, then out[g] = sum_t p[g][t] v[t],
 // 32 output dims at a time (each V vector widened once for the GB heads), every lane an
 // FMA chain over the positions in order.  Both passes walk the context a block at a time
 // (a row is the block's first plus a multiple of `row`: no slot arithmetic per
-// position) and prefetch the rows kAhead positions on (the block that many on, at the
-// same offset), pf_bytes from each row's start.
-template <int DH, int GB, typename KV, bool WIDE = false>
+// position) and prefetch the item's rows kAhead positions on (the block that many on, at
+// the same offset); with AVX-512 the scores take eight K rows at a time.  Steps of two
+// rows and more (docs/kv-cache.md: the op 20-25% faster than attend_heads_walk on Zen 4);
+// a one-row step takes attend_heads_walk, which measured faster with its cache from
+// DRAM.  The same bits as attend_heads_walk.
+template <int DH, int GB, typename KV>
 static void attend_heads(const float* qd, const KV* kc, const KV* vc, const int32_t* table,
                          int64_t L, int64_t row, int64_t bs, int64_t kh, float scale,
-                         float* scores, float* od, SequencePrefetch* next_seq,
-                         int64_t pf_heads) {
-  constexpr int64_t kRowBytes = DH * sizeof(KV);
-  // WIDE: prefetch the rows of pf_heads KV heads from kh on (the thread's next items of
-  // this row read them from cache); else the item's own (a compile-time size: the
-  // prefetch loop unrolled).
-  const int64_t pf_bytes = WIDE ? pf_heads * kRowBytes : kRowBytes;
+                         float* scores, float* od, SequencePrefetch* next_seq) {
+  constexpr int64_t pf_bytes = DH * sizeof(KV);  // the item's own rows
   const int64_t nblk = (L + bs - 1) / bs;
   const int64_t ahead = std::max<int64_t>(1, kAhead / bs);  // blocks
   const int64_t block_values = bs * row;
@@ -207,27 +114,114 @@ static void attend_heads(const float* qd, const KV* kc, const KV* vc, const int3
   }
 }
 
+// attend_heads for a one-row step (batch 1): the positions walked one at a time through
+// the block table (KeyWalk4, RowsAhead), each row prefetched kAhead positions on.  From
+// DRAM, as a decode step at batch 1 reads its cache, this form measured 5-15% faster on
+// Zen 4 than attend_heads' block walk (which is faster once the cache is in L2/L3: why,
+// unexplained); the same bits.
+template <int DH, int GB, typename KV, bool WIDE = false>
+static void attend_heads_walk(const float* qd, const KV* kc, const KV* vc, const int32_t* table,
+                         int64_t L, int64_t row, int64_t bs, int64_t kh, float scale,
+                         float* scores, float* od, SequencePrefetch* next_seq,
+                         int64_t pf_heads) {
+  constexpr int64_t kRowBytes = DH * sizeof(KV);
+  // WIDE: prefetch the rows of pf_heads KV heads from kh on (the thread's next items of
+  // this row read them from cache); else the item's own (a compile-time size: the
+  // prefetch loop unrolled).
+  const int64_t pf_bytes = WIDE ? pf_heads * kRowBytes : kRowBytes;
+  KeyWalk4<KV> keys(table, bs, kc + kh * DH, row, L, pf_bytes);
+  for (int64_t t0 = 0; t0 < L; t0 += 4) {
+    const int64_t n = std::min<int64_t>(4, L - t0);
+    const KV* k[4];
+    keys.next(t0, n, k);
+    if (next_seq && t0 % bs < 4) next_seq->step();  // once a block (bs a multiple of 4)
+#ifdef ROSEINFER_AVX512
+    scores4_zmm<DH, GB>(qd, k, n, scale, scores + t0, L);
+#else
+    scores4<DH, GB>(qd, k, n, scale, scores + t0, L);
+#endif
+  }
+  RowsAhead<KV> va(table, bs, vc + kh * DH, row, L, pf_bytes);
+  for (int g = 0; g < GB; ++g) softmax_row(scores + g * L, L);
+#ifdef ROSEINFER_AVX512
+  constexpr int kChunkZ = DH / 16 < 4 ? DH / 16 : 4;  // 16-dim vectors per pass
+  for (int ch = 0; ch < DH / 16; ch += kChunkZ) {
+    __m512 acc[GB][kChunkZ];
+    for (int g = 0; g < GB; ++g)
+      for (int u = 0; u < kChunkZ; ++u) acc[g][u] = _mm512_setzero_ps();
+    SlotCursor v(table, bs, 0);
+    for (int64_t t = 0; t < L; ++t, v.next()) {
+      if (ch == 0) {
+        va.step(t);
+        if (next_seq && t % bs == 0) next_seq->step();
+      }
+      const KV* vr = vc + v.slot() * row + kh * DH + 16 * ch;
+      __m512 p[GB];
+      for (int g = 0; g < GB; ++g) p[g] = _mm512_set1_ps(scores[g * L + t]);
+      for (int u = 0; u < kChunkZ; ++u) {
+        const __m512 vv = load16(vr + 16 * u);
+        for (int g = 0; g < GB; ++g) acc[g][u] = _mm512_fmadd_ps(p[g], vv, acc[g][u]);
+      }
+    }
+    for (int g = 0; g < GB; ++g)
+      for (int u = 0; u < kChunkZ; ++u) _mm512_storeu_ps(od + g * DH + 16 * (ch + u), acc[g][u]);
+  }
+#else
+  constexpr int kChunk = DH / 8 < 4 ? DH / 8 : 4;  // vectors per pass
+  for (int ch = 0; ch < DH / 8; ch += kChunk) {
+    __m256 acc[GB][kChunk];
+    for (int g = 0; g < GB; ++g)
+      for (int u = 0; u < kChunk; ++u) acc[g][u] = _mm256_setzero_ps();
+    SlotCursor v(table, bs, 0);
+    for (int64_t t = 0; t < L; ++t, v.next()) {
+      if (ch == 0) {
+        va.step(t);
+        if (next_seq && t % bs == 0) next_seq->step();
+      }
+      const KV* vr = vc + v.slot() * row + kh * DH + 8 * ch;
+      __m256 p[GB];
+      for (int g = 0; g < GB; ++g) p[g] = _mm256_broadcast_ss(scores + g * L + t);
+      for (int u = 0; u < kChunk; ++u) {
+        const __m256 vv = load8(vr + 8 * u);
+        for (int g = 0; g < GB; ++g) acc[g][u] = _mm256_fmadd_ps(p[g], vv, acc[g][u]);
+      }
+    }
+    for (int g = 0; g < GB; ++g)
+      for (int u = 0; u < kChunk; ++u) _mm256_storeu_ps(od + g * DH + 8 * (ch + u), acc[g][u]);
+  }
+#endif  // ROSEINFER_AVX512
+}
+
 // One (sequence, KV head) work item with the head dim known at compile time: its G
 // query heads in passes of up to 3 (the accumulators stay in registers).  The passes
 // only group memory traffic: every value's arithmetic is fixed by the row's query,
-// context and length.
+// context and length.  one_row (a one-row step): attend_heads_walk, its first pass
+// prefetching pf_heads KV heads' rows; else attend_heads.
 template <int DH, typename KV>
 static void attend_item(const float* qd, const KV* kc, const KV* vc, const int32_t* table,
                         int64_t L, int64_t G, int64_t row, int64_t bs, int64_t kh, float scale,
-                        float* scores, float* od, SequencePrefetch* next_seq,
+                        float* scores, float* od, SequencePrefetch* next_seq, bool one_row,
                         int64_t pf_heads) {
   for (int64_t g0 = 0; g0 < G;) {
     const int64_t gb = std::min<int64_t>(3, G - g0);
     const float* q = qd + g0 * DH;
     float* o = od + g0 * DH;
-    if (pf_heads > 1 && g0 == 0)  // the first pass prefetches pf_heads KV heads' rows
-      (gb == 3   ? attend_heads<DH, 3, KV, true>
-       : gb == 2 ? attend_heads<DH, 2, KV, true>
-                 : attend_heads<DH, 1, KV, true>)(q, kc, vc, table, L, row, bs, kh, scale,
-                                                  scores, o, next_seq, pf_heads);
-    else if (gb == 3) attend_heads<DH, 3>(q, kc, vc, table, L, row, bs, kh, scale, scores, o, next_seq, 1);
-    else if (gb == 2) attend_heads<DH, 2>(q, kc, vc, table, L, row, bs, kh, scale, scores, o, next_seq, 1);
-    else attend_heads<DH, 1>(q, kc, vc, table, L, row, bs, kh, scale, scores, o, next_seq, 1);
+    if (!one_row) {
+      (gb == 3   ? attend_heads<DH, 3, KV>
+       : gb == 2 ? attend_heads<DH, 2, KV>
+                 : attend_heads<DH, 1, KV>)(q, kc, vc, table, L, row, bs, kh, scale, scores, o,
+                                            next_seq);
+    } else if (pf_heads > 1 && g0 == 0) {  // the first pass prefetches pf_heads KV heads' rows
+      (gb == 3   ? attend_heads_walk<DH, 3, KV, true>
+       : gb == 2 ? attend_heads_walk<DH, 2, KV, true>
+                 : attend_heads_walk<DH, 1, KV, true>)(q, kc, vc, table, L, row, bs, kh, scale,
+                                                       scores, o, next_seq, pf_heads);
+    } else {
+      (gb == 3   ? attend_heads_walk<DH, 3, KV>
+       : gb == 2 ? attend_heads_walk<DH, 2, KV>
+                 : attend_heads_walk<DH, 1, KV>)(q, kc, vc, table, L, row, bs, kh, scale, scores,
+                                                 o, next_seq, 1);
+    }
     g0 += gb;
   }
 }
@@ -319,7 +313,7 @@ void attend_rows(const float* q, const KV* kc, const KV* vc, const int32_t* bt,
                   : Dh == 128 ? attend_item<128, KV> : attend_item<256, KV>;
         // One row: the range is its KV heads b0 .. e0 - 1 in order; the first fetches all.
         const int64_t pf_heads = wide_first && i == b0 ? e0 - b0 : 1;
-        item(qd, kc, vc, table, L, G, row, bs, kh, scale, scores.data(), od, ns, pf_heads);
+        item(qd, kc, vc, table, L, G, row, bs, kh, scale, scores.data(), od, ns, D == 1, pf_heads);
         continue;
       }
 #endif

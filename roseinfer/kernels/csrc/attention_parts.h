@@ -68,37 +68,6 @@ struct SlotCursor {
   }
 };
 
-// Position t of a context -> its row in one cache half, as a pointer walked row by row
-// (one multiply per block, none per position: SlotCursor's slot() costs one a call).
-// base: the head's first value in the half (half + kh * Dh); row: values between slots.
-// The table is read only for blocks holding positions below L (next() past the last
-// position leaves ptr() stale, never reads beyond the context's blocks).
-template <typename KV>
-class RowCursor {
- public:
-  RowCursor(const int32_t* table, int64_t bs, const KV* base, int64_t row, int64_t L,
-            int64_t t0 = 0)
-      : table_(table), base_(base), bs_(block_size_or_one(bs)), row_(row),
-        blk_(t0 / bs_), off_(t0 % bs_), nblk_((L + bs_ - 1) / bs_) {
-    if (blk_ < nblk_) p_ = base_ + ((int64_t)table_[blk_] * bs_ + off_) * row_;
-  }
-  const KV* ptr() const { return p_; }
-  void next() {
-    p_ += row_;
-    if (++off_ == bs_) {
-      off_ = 0;
-      if (++blk_ < nblk_) p_ = base_ + (int64_t)table_[blk_] * bs_ * row_;
-    }
-  }
-
- private:
-  static int64_t block_size_or_one(int64_t bs) { return bs > 0 ? bs : 1; }
-  const int32_t* table_;
-  const KV* base_;
-  const KV* p_ = nullptr;
-  int64_t bs_, row_, blk_, off_, nblk_;
-};
-
 // Positions between a prefetched row and its use: a position costs only tens of cycles,
 // so 32 positions keep enough reads in flight to cover the memory latency (8: the fp16
 // attention op at batch 64 measured 12-20% slower, benchmarks/kv_int8.py).
@@ -206,22 +175,21 @@ class RowsAhead {
  public:
   RowsAhead(const int32_t* table, int64_t bs, const KV* base, int64_t row, int64_t L,
             int64_t row_bytes)
-      : ahead_(table, bs, base, row, L), L_(L), bytes_(row_bytes) {
+      : ahead_(table, bs, 0), base_(base), row_(row), L_(L), bytes_(row_bytes) {
     for (int64_t t = 0; t < std::min(kAhead, L); ++t, ahead_.next())
-      prefetch_bytes(ahead_.ptr(), bytes_);
+      prefetch_bytes(base_ + ahead_.slot() * row_, bytes_);
   }
   void step(int64_t t) {
-    static const bool nopf = std::getenv("ATTN_NOPF") != nullptr;
-    if (nopf) return;
     if (t + kAhead < L_) {
-      prefetch_bytes(ahead_.ptr(), bytes_);
+      prefetch_bytes(base_ + ahead_.slot() * row_, bytes_);
       ahead_.next();
     }
   }
 
  private:
-  RowCursor<KV> ahead_;
-  int64_t L_, bytes_;
+  SlotCursor ahead_;
+  const KV* base_;
+  int64_t row_, L_, bytes_;
 };
 
 // One KV head's K rows of a context, 4 positions at a time (positions past the context
@@ -232,19 +200,21 @@ class KeyWalk4 {
  public:
   KeyWalk4(const int32_t* table, int64_t bs, const KV* base, int64_t row, int64_t L,
            int64_t row_bytes)
-      : c_(table, bs, base, row, L), ahead_(table, bs, base, row, L, row_bytes) {}
+      : c_(table, bs, 0), ahead_(table, bs, base, row, L, row_bytes), base_(base), row_(row) {}
   // The rows of positions t0 .. t0 + 3 (those below the context's end: n) into k.
   void next(int64_t t0, int64_t n, const KV* (&k)[4]) {
     for (int64_t j = 0; j < 4; ++j) {
-      k[j] = j < n ? c_.ptr() : reinterpret_cast<const KV*>(kZeroRow);
+      k[j] = j < n ? base_ + c_.slot() * row_ : reinterpret_cast<const KV*>(kZeroRow);
       if (j < n) c_.next();
       ahead_.step(t0 + j);
     }
   }
 
  private:
-  RowCursor<KV> c_;
+  SlotCursor c_;
   RowsAhead<KV> ahead_;
+  const KV* base_;
+  int64_t row_;
 };
 
 #ifdef ROSEINFER_AVX512

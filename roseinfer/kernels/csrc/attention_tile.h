@@ -98,10 +98,10 @@ static void attend_heads_tile(const float* q, int64_t qstride, const KV* kc, con
     __m512 acc[R][GB][2];
     for (int r = 0; r < R; ++r)
       for (int g = 0; g < GB; ++g) acc[r][g][0] = acc[r][g][1] = _mm512_setzero_ps();
-    RowCursor<KV> v(table, bs, vc + kh * DH + 16 * ch, row, Lmax);
+    SlotCursor v(table, bs, 0);
     for (int64_t t = 0; t < Lmin; ++t, v.next()) {
       if (ch == 0) va.step(t);
-      const KV* vr = v.ptr();
+      const KV* vr = vc + v.slot() * row + kh * DH + 16 * ch;
       const __m512 v0 = load16(vr), v1 = load16(vr + 16);
       for (int r = 0; r < R; ++r)
         for (int g = 0; g < GB; ++g) {
@@ -111,9 +111,9 @@ static void attend_heads_tile(const float* q, int64_t qstride, const KV* kc, con
         }
     }
     for (int r = 0; r < R; ++r) {  // each row's own last positions, its chains going on
-      RowCursor<KV> w = v;
+      SlotCursor w = v;
       for (int64_t t = Lmin; t < L[r]; ++t, w.next()) {
-        const KV* vr = w.ptr();
+        const KV* vr = vc + w.slot() * row + kh * DH + 16 * ch;
         const __m512 v0 = load16(vr), v1 = load16(vr + 16);
         for (int g = 0; g < GB; ++g) {
           const __m512 p = _mm512_set1_ps(sc(r, g)[t]);
