@@ -144,52 +144,34 @@ static void attend_heads_walk(const float* qd, const KV* kc, const KV* vc, const
   RowsAhead<KV> va(table, bs, vc + kh * DH, row, L, pf_bytes);
   for (int g = 0; g < GB; ++g) softmax_row(scores + g * L, L);
 #ifdef ROSEINFER_AVX512
-  constexpr int kChunkZ = DH / 16 < 4 ? DH / 16 : 4;  // 16-dim vectors per pass
-  for (int ch = 0; ch < DH / 16; ch += kChunkZ) {
-    __m512 acc[GB][kChunkZ];
-    for (int g = 0; g < GB; ++g)
-      for (int u = 0; u < kChunkZ; ++u) acc[g][u] = _mm512_setzero_ps();
-    SlotCursor v(table, bs, 0);
-    for (int64_t t = 0; t < L; ++t, v.next()) {
-      if (ch == 0) {
-        va.step(t);
-        if (next_seq && t % bs == 0) next_seq->step();
-      }
-      const KV* vr = vc + v.slot() * row + kh * DH + 16 * ch;
-      __m512 p[GB];
-      for (int g = 0; g < GB; ++g) p[g] = _mm512_set1_ps(scores[g * L + t]);
-      for (int u = 0; u < kChunkZ; ++u) {
-        const __m512 vv = load16(vr + 16 * u);
-        for (int g = 0; g < GB; ++g) acc[g][u] = _mm512_fmadd_ps(p[g], vv, acc[g][u]);
-      }
-    }
-    for (int g = 0; g < GB; ++g)
-      for (int u = 0; u < kChunkZ; ++u) _mm512_storeu_ps(od + g * DH + 16 * (ch + u), acc[g][u]);
-  }
+  constexpr int kW = 16;  // output dims a register
+  using Vec = __m512;
 #else
-  constexpr int kChunk = DH / 8 < 4 ? DH / 8 : 4;  // vectors per pass
-  for (int ch = 0; ch < DH / 8; ch += kChunk) {
-    __m256 acc[GB][kChunk];
+  constexpr int kW = 8;
+  using Vec = __m256;
+#endif
+  constexpr int kChunk = DH / kW < 4 ? DH / kW : 4;  // registers a pass
+  for (int ch = 0; ch < DH / kW; ch += kChunk) {
+    Vec acc[GB][kChunk];
     for (int g = 0; g < GB; ++g)
-      for (int u = 0; u < kChunk; ++u) acc[g][u] = _mm256_setzero_ps();
+      for (int u = 0; u < kChunk; ++u) acc[g][u] = vzero<Vec>();
     SlotCursor v(table, bs, 0);
     for (int64_t t = 0; t < L; ++t, v.next()) {
       if (ch == 0) {
         va.step(t);
         if (next_seq && t % bs == 0) next_seq->step();
       }
-      const KV* vr = vc + v.slot() * row + kh * DH + 8 * ch;
-      __m256 p[GB];
-      for (int g = 0; g < GB; ++g) p[g] = _mm256_broadcast_ss(scores + g * L + t);
+      const KV* vr = vc + v.slot() * row + kh * DH + kW * ch;
+      Vec p[GB];
+      for (int g = 0; g < GB; ++g) p[g] = vbroadcast<Vec>(scores + g * L + t);
       for (int u = 0; u < kChunk; ++u) {
-        const __m256 vv = load8(vr + 8 * u);
-        for (int g = 0; g < GB; ++g) acc[g][u] = _mm256_fmadd_ps(p[g], vv, acc[g][u]);
+        const Vec vv = vload<Vec>(vr + kW * u);
+        for (int g = 0; g < GB; ++g) acc[g][u] = vfmadd(p[g], vv, acc[g][u]);
       }
     }
     for (int g = 0; g < GB; ++g)
-      for (int u = 0; u < kChunk; ++u) _mm256_storeu_ps(od + g * DH + 8 * (ch + u), acc[g][u]);
+      for (int u = 0; u < kChunk; ++u) vstore(od + g * DH + kW * (ch + u), acc[g][u]);
   }
-#endif  // ROSEINFER_AVX512
 }
 
 // One (sequence, KV head) work item with the head dim known at compile time: its G
