@@ -76,6 +76,11 @@ class AttentionMetadata:
     # LoRA adapters of the step's rows (a ``roseinfer.lora.forward.LoRABatch``), set by
     # the runner when any row has one; the model then runs it (None: base model only).
     lora: Any = None
+    # [R] int64 ascending flat rows whose final hidden the caller reads, set by the runner
+    # when that is not every row (a prefill chunk: its sampled row at most); None: all.
+    # A hint: the C++ decoder stack then stops the other rows after the last layer's K/V
+    # writes and returns zeros for them; other paths compute every row.
+    out_rows: Tensor | None = None
     _decode_tables: tuple[Tensor, Tensor] | None = None  # (slots, mask), built on first use
 
     @property

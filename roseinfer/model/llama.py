@@ -148,7 +148,8 @@ class LlamaForCausalLM(nn.Module):
         kv_caches: list[Tensor],
         meta: AttentionMetadata,
     ) -> Tensor:
-        """input_ids/positions [T] -> final-norm hidden states [T, hidden]."""
+        """input_ids/positions [T] -> final-norm hidden states [T, hidden] (rows outside
+        ``meta.out_rows``, when set, may be zero)."""
         if len(kv_caches) != len(self.model.layers):
             raise ValueError(
                 f"expected {len(self.model.layers)} KV caches, got {len(kv_caches)}"
@@ -163,7 +164,7 @@ class LlamaForCausalLM(nn.Module):
             return stack.forward(
                 h, positions, self.model.rotary_emb.cos_sin_cache, kv_caches,
                 meta.block_tables, meta.token_seq, meta.token_context_lens, meta.slot_mapping,
-                meta.block_size,
+                meta.block_size, meta.out_rows,
             )
         cfg = self.config
         rope = rope_inputs(self.model.rotary_emb, positions, h)

@@ -77,6 +77,9 @@ class ModelRunner:
         meta = build_attention_metadata(layout.seqs, self.block_size, self.device)
         if self.lora is not None and any(layout.row_loras):
             meta.lora = self.lora.batch(layout.row_loras)
+        read = output_rows(layout)
+        if read is not None:  # the model may stop the other rows after their K/V writes
+            meta.out_rows = torch.tensor(read, dtype=torch.long, device=self.device)  # [R]
         input_ids = torch.tensor(layout.token_ids, dtype=torch.long, device=self.device)  # [T]
         hidden = self.model(input_ids, meta.positions, self.kv_caches, meta)  # [T, H]
         t = hidden.shape[0]
@@ -117,6 +120,18 @@ class StepLayout:
     row_loras: list[int]  # [T] each row's LoRA adapter id (0: base model); [] without adapters
     # Scheduled index -> flat rows [start, end) of an embedding request's chunk.
     pool_ranges: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+
+def output_rows(layout: StepLayout) -> list[int] | None:
+    """The flat rows whose final hidden a step reads (sampled, prompt-logprob and pooled
+    rows), ascending; None when that is every row (a step of decodes)."""
+    t = len(layout.token_ids)
+    if len(layout.sample_rows) == t:
+        return None
+    rows = set(layout.sample_rows)
+    for a, b in (*layout.prompt_ranges.values(), *layout.pool_ranges.values()):
+        rows.update(range(a, b))
+    return None if len(rows) == t else sorted(rows)
 
 
 def layout_step(scheduled: list[ScheduledRequest]) -> StepLayout:

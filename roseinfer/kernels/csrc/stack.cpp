@@ -8,10 +8,35 @@
 
 namespace roseinfer {
 
+namespace {
+
+// out_rows as a checked list (ascending rows of [0, B)); every row when absent.
+std::vector<int64_t> kept_rows(const at::Tensor* out_rows, int64_t B) {
+  std::vector<int64_t> keep;
+  if (!out_rows) {
+    keep.resize(B);
+    for (int64_t i = 0; i < B; ++i) keep[i] = i;
+    return keep;
+  }
+  TORCH_CHECK(out_rows->scalar_type() == at::kLong && out_rows->dim() == 1,
+              "out_rows must be a 1-D int64 tensor");
+  const at::Tensor r = out_rows->contiguous();
+  const int64_t* rp = r.data_ptr<int64_t>();
+  for (int64_t i = 0; i < r.numel(); ++i) {
+    TORCH_CHECK(rp[i] >= 0 && rp[i] < B && (i == 0 || rp[i] > rp[i - 1]),
+                "out_rows must be ascending rows of the step's ", B);
+    keep.push_back(rp[i]);
+  }
+  return keep;
+}
+
+}  // namespace
+
 at::Tensor LlamaStack::run(at::Tensor h_in, at::Tensor positions, at::Tensor cos_sin,
                            std::vector<at::Tensor> kv_caches, at::Tensor block_tables,
                            at::Tensor token_seq, at::Tensor token_lens,
-                           at::Tensor slot_mapping, int64_t block_size, const LoraStep* lora) {
+                           at::Tensor slot_mapping, int64_t block_size, const LoraStep* lora,
+                           const at::Tensor* out_rows) {
   TORCH_CHECK((int64_t)kv_caches.size() == num_layers(), "one KV cache per layer");
   for (const auto& c : kv_caches) {
     check_decode_args(c, block_tables, token_lens);
@@ -50,6 +75,15 @@ at::Tensor LlamaStack::run(at::Tensor h_in, at::Tensor positions, at::Tensor cos
     times[which] += std::chrono::duration<double>(now - mark).count();
     mark = now;
   };
+  // The rows the last layer carries past its K/V writes: out_rows, or all.
+  const std::vector<int64_t> keep = kept_rows(out_rows, B);
+  const bool subset = !lora && static_cast<int64_t>(keep.size()) < B;
+  const int32_t* bt = block_tables.data_ptr<int32_t>();
+  const int32_t* lens = token_lens.data_ptr<int32_t>();
+  const int32_t* seq_of = token_seq.data_ptr<int32_t>();
+  std::vector<int32_t> kept_seq, kept_lens;  // the kept rows' (last layer)
+  int64_t rows = B;  // rows past the K/V writes: B, then keep.size() in the last layer
+  auto first = [&](const at::Tensor& t) { return t.narrow(0, 0, rows); };
   if (num_layers() > 0) rms_norm(hp, in_norm[0].data_ptr<float>(), xp, B, hidden, feps);
   for (int64_t l = 0; l < num_layers(); ++l) {
     lap(3);
@@ -58,37 +92,57 @@ at::Tensor LlamaStack::run(at::Tensor h_in, at::Tensor positions, at::Tensor cos
     lap(0);
     const at::Tensor& cache = kv_caches[l];
     float* qg = qbuf.data_ptr<float>();
-    const int32_t* bt = block_tables.data_ptr<int32_t>();
-    const int32_t* lens = token_lens.data_ptr<int32_t>();
-    const int32_t* seq_of = token_seq.data_ptr<int32_t>();
+    const bool last_subset = subset && l + 1 == num_layers();
     with_kv_halves(cache, [&](auto* kc, auto* vc) {
       rope_and_store(qp, B, H, Hkv, Dh, pp, sp, csp, qg, kc, vc);
       lap(2);
-      attend_rows(qg, kc, vc, bt, block_tables.stride(0), seq_of, lens, B, H, Hkv, Dh,
-                       block_size, scale, attn.data_ptr<float>());
+      const int32_t *rs = seq_of, *rl = lens;
+      if (last_subset) {  // compact the kept rows' queries (and residuals) to the front
+        rows = static_cast<int64_t>(keep.size());
+        for (int64_t i = 0; i < rows; ++i) {
+          const int64_t r = keep[i];  // ascending, so r >= i: in-place moves are safe
+          std::memmove(qg + i * q_size, qg + r * q_size, q_size * sizeof(float));
+          std::memmove(hp + i * hidden, hp + r * hidden, hidden * sizeof(float));
+          kept_seq.push_back(seq_of[r]);
+          kept_lens.push_back(lens[r]);
+        }
+        rs = kept_seq.data(), rl = kept_lens.data();
+      }
+      attend_rows(qg, kc, vc, bt, block_tables.stride(0), rs, rl, rows, H, Hkv, Dh,
+                  block_size, scale, attn.data_ptr<float>());
     });
     lap(1);
-    o[l]->run(attn, tmp);
+    if (rows == 0) break;  // no row to carry on (a prefill chunk that samples nothing)
+    at::Tensor attn_r = first(attn), tmp_r = first(tmp), x_r = first(x), gu_r = first(gu),
+               act_r = first(act);
+    o[l]->run(attn_r, tmp_r);
     if (lora) lora->apply(l, 1, attn, tmp);
     lap(0);
-    add_rms_norm(hp, tp, post_norm[l].data_ptr<float>(), xp, B, hidden, feps);
+    add_rms_norm(hp, tp, post_norm[l].data_ptr<float>(), xp, rows, hidden, feps);
     lap(3);
-    gate_up[l]->run(x, gu);
+    gate_up[l]->run(x_r, gu_r);
     if (lora) lora->apply(l, 2, x, gu);
     lap(0);
-    silu_mul(gu.data_ptr<float>(), act.data_ptr<float>(), B, inter);
+    silu_mul(gu.data_ptr<float>(), act.data_ptr<float>(), rows, inter);
     lap(3);
-    down[l]->run(act, tmp);
+    down[l]->run(act_r, tmp_r);
     if (lora) lora->apply(l, 3, act, tmp);
     lap(0);
     if (l + 1 < num_layers()) {
       add_rms_norm(hp, tp, in_norm[l + 1].data_ptr<float>(), xp, B, hidden, feps);
     }
   }
-  at::Tensor out = at::empty({B, hidden}, opts);
+  at::Tensor out = subset ? at::zeros({B, hidden}, opts) : at::empty({B, hidden}, opts);
   float* op = out.data_ptr<float>();
-  if (num_layers() > 0) add_rms_norm(hp, tp, final_norm.data_ptr<float>(), op, B, hidden, feps);
-  else rms_norm(hp, final_norm.data_ptr<float>(), op, B, hidden, feps);
+  if (num_layers() == 0) {
+    rms_norm(hp, final_norm.data_ptr<float>(), op, B, hidden, feps);
+  } else if (!subset) {
+    add_rms_norm(hp, tp, final_norm.data_ptr<float>(), op, B, hidden, feps);
+  } else if (rows > 0) {  // the kept rows, compact in h / tmp, to their places in out
+    add_rms_norm(hp, tp, final_norm.data_ptr<float>(), xp, rows, hidden, feps);
+    for (int64_t i = 0; i < rows; ++i)
+      std::memcpy(op + keep[i] * hidden, xp + i * hidden, hidden * sizeof(float));
+  }
   return out;
 }
 

@@ -3,10 +3,15 @@
 // [T, hidden].  Each layer writes every token's K/V into its cache slot first, then each
 // token attends to its sequence's first token_lens[t] positions in the paged cache.  Every
 // op is row-local (docs/CONTRACTS.md, batch invariance).
+// out_rows (optional int64 [R], ascending): the rows whose hidden the caller reads.  The
+// last layer then computes only its q/k/v and K/V writes for the other rows (their
+// attention, o, MLP and final norm feed nothing: a prefill chunk's rows but the one
+// sampled), and their output rows are zero; the rows it computes are bitwise the same.
 #pragma once
 
 #include <torch/custom_class.h>
 
+#include <optional>
 #include <vector>
 
 #include "linear.h"
@@ -51,9 +56,9 @@ struct LlamaStack : torch::CustomClassHolder {
   at::Tensor forward(at::Tensor h_in, at::Tensor positions, at::Tensor cos_sin,
                      std::vector<at::Tensor> kv_caches, at::Tensor block_tables,
                      at::Tensor token_seq, at::Tensor token_lens, at::Tensor slot_mapping,
-                     int64_t block_size) {
+                     int64_t block_size, std::optional<at::Tensor> out_rows) {
     return run(h_in, positions, cos_sin, kv_caches, block_tables, token_seq, token_lens,
-               slot_mapping, block_size, nullptr);
+               slot_mapping, block_size, nullptr, out_rows ? &*out_rows : nullptr);
   }
   // The same step with LoRA adapters: each segment's delta added after each linear
   // (lora.h); rows outside every segment are bitwise forward's.
@@ -68,7 +73,7 @@ struct LlamaStack : torch::CustomClassHolder {
   at::Tensor run(at::Tensor h_in, at::Tensor positions, at::Tensor cos_sin,
                  std::vector<at::Tensor> kv_caches, at::Tensor block_tables,
                  at::Tensor token_seq, at::Tensor token_lens, at::Tensor slot_mapping,
-                 int64_t block_size, const LoraStep* lora);
+                 int64_t block_size, const LoraStep* lora, const at::Tensor* out_rows = nullptr);
 };
 
 }  // namespace roseinfer
