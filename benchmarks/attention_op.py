@@ -1,5 +1,5 @@
 """The paged decode attention op alone, as a decode step calls it: float16 cache, the
-default model's heads (9 query / 3 KV, head dim 64), B decode rows of context C.
+default model's heads (9 query / 3 KV, head dim 64; ``--heads``), B decode rows of context C.
 
 ``--layers 30`` (default) calls it once on each of 30 distinct caches per pass, so the
 cache comes from DRAM as inside a step (the weights stream through L3 between layers);
@@ -9,6 +9,7 @@ Prints the best and median pass (ms) over ``--passes``, and with ``--layers 1`` 
 
     PYTHONPATH=. python benchmarks/attention_op.py --batch 16 --context 168 --threads 2
     PYTHONPATH=. python benchmarks/attention_op.py --batch 1 --context 1024 --threads 1 --layers 1
+    PYTHONPATH=. python benchmarks/attention_op.py --batch 1 --context 128 --heads 24 8 128 --layers 28  # 3B
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 from roseinfer.kernels import cpu_kernels_available
 from roseinfer.model.attention_metadata import SeqSpec, build_attention_metadata
 
-HKV, H, DH, BS = 3, 9, 64, 16
+BS = 16
 
 
 def main() -> None:
@@ -33,7 +34,10 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=30)
     ap.add_argument("--passes", type=int, default=15)
     ap.add_argument("--ghz", type=float, default=3.34, help="core clock for the cycle figure")
+    ap.add_argument("--heads", type=int, nargs=3, default=[9, 3, 64], metavar=("H", "HKV", "DH"),
+                    help="query heads, KV heads, head dim (default: the default model's)")
     args = ap.parse_args()
+    H, HKV, DH = args.heads
     assert cpu_kernels_available()
     torch.set_num_threads(args.threads)
     b, ctx = args.batch, args.context
@@ -41,7 +45,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     caches = [torch.randn(2, b * per * BS, HKV, DH, generator=gen).half()
               for _ in range(args.layers)]
-    calls = caches * (30 // args.layers) if args.layers < 30 else caches
+    calls = caches * (30 // args.layers) if args.layers < 30 else caches  # >= 30 calls a pass
     specs = [SeqSpec(ctx - 1, 1, list(range(i * per, (i + 1) * per))) for i in range(b)]
     meta = build_attention_metadata(specs, BS, torch.device("cpu"))
     q = torch.randn(b, H, DH, generator=gen)
