@@ -10,6 +10,7 @@ with the same threads.  ``--l3``: one copy instead (the kernel's compute ceiling
     python benchmarks/gemv_bandwidth.py --types Q4_0 --threads 2
     python benchmarks/gemv_bandwidth.py --types Q4_0,Q4_K,Q6_K --threads 1 --cpu-time
     python benchmarks/gemv_bandwidth.py --types Q4_0 --rows 16   # a batch-16 step's GEMMs
+    python benchmarks/gemv_bandwidth.py --types Q4_0 --shapes 3072x5120,8192x3072  # other shapes
 """
 
 from __future__ import annotations
@@ -25,10 +26,12 @@ from gguf_gemm import random_raw  # this folder (run as a script)
 from roseinfer.bench.bandwidth import read_bandwidth_gbs
 from roseinfer.kernels import cpu_kernels_available
 from roseinfer.kernels.gguf import make_gguf_linear
+from roseinfer.model.quantize import ACT8_LAYERS
 
-# (K, N, act8): the 1B model's qkv, o, gate_up (int8 activations), down and LM head.
-SHAPES = [(2048, 3072, False), (2048, 2048, False), (2048, 16384, True), (8192, 2048, False),
-          (2048, 49152, False)]
+# (K, N, layer): the 1B model's qkv, o, gate_up, down and LM head; a layer named in
+# quantize.ACT8_LAYERS (none since 11-28) runs with int8 activations, as in the model.
+SHAPES = [(2048, 3072, "qkv_proj"), (2048, 2048, "o_proj"), (2048, 16384, "gate_up_proj"),
+          (8192, 2048, "down_proj"), (2048, 49152, "lm_head")]
 ACT8_TYPES = ("Q4_0", "Q4_1")
 
 
@@ -41,6 +44,8 @@ def main() -> None:
     ap.add_argument("--working-set-mb", type=float, default=160.0)
     ap.add_argument("--l3", action="store_true", help="one copy per shape (cache resident)")
     ap.add_argument("--rows", type=int, default=1, help="rows per call (decode batch size)")
+    ap.add_argument("--shapes", default="", help="KxN,KxN instead of the 1B's (e.g. the 3B's "
+                    "3072x5120,3072x3072,3072x16384,8192x3072,3072x49152)")
     args = ap.parse_args()
     assert cpu_kernels_available()
     if args.cpu_time and args.threads != 1:
@@ -55,9 +60,10 @@ def main() -> None:
     for name in args.types.split(","):
         qtype = gguf.GGMLQuantizationType[name]
         cells = []
-        for k, n, act8 in SHAPES:
-            if act8 and name not in ACT8_TYPES:
-                continue
+        shapes = SHAPES if not args.shapes else [
+            (*(int(v) for v in sh.split("x")), "") for sh in args.shapes.split(",")]
+        for k, n, layer in shapes:
+            act8 = layer in ACT8_LAYERS and name in ACT8_TYPES
             raw = torch.from_numpy(random_raw(qtype, n, k, rng))
             copies = 1 if args.l3 else max(2, int(args.working_set_mb * 1e6 / raw.nbytes) + 1)
             lins = [make_gguf_linear([(int(qtype), raw)], None, act8=act8) for _ in range(copies)]
