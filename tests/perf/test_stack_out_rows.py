@@ -10,7 +10,6 @@ from roseinfer.kernels import cpu_kernels_available
 from roseinfer.model.attention_metadata import SeqSpec, build_attention_metadata
 from roseinfer.model.quantize import quantize_model
 from roseinfer.runner.model_runner import StepLayout, output_rows
-
 from tests.perf.test_kernels import _tiny_llama, random_cache
 
 pytestmark = pytest.mark.skipif(not cpu_kernels_available(), reason="CPU kernels unavailable")
