@@ -79,7 +79,8 @@ class AttentionMetadata:
     # [R] int64 ascending flat rows whose final hidden the caller reads, set by the runner
     # when that is not every row (a prefill chunk: its sampled row at most); None: all.
     # A hint: the C++ decoder stack then stops the other rows after the last layer's K/V
-    # writes and returns zeros for them; other paths compute every row.
+    # writes, the per-layer path after the last layer's attention; both return zeros for
+    # them (GPT-2, LoRA and tensor-parallel steps compute every row).
     out_rows: Tensor | None = None
     _decode_tables: tuple[Tensor, Tensor] | None = None  # (slots, mask), built on first use
 

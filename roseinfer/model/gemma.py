@@ -83,7 +83,15 @@ class GemmaDecoderLayer(nn.Module):
         self, h: Tensor, rope: RopeInputs, kv_cache: Tensor, meta: AttentionMetadata,
         window: WindowView | None = None,
     ) -> Tensor:  # [T, hidden] -> [T, hidden]
-        attn = self.self_attn(self.input_layernorm(h), rope, kv_cache, meta, window)
+        return self.finish(h, self.attention(h, rope, kv_cache, meta, window))
+
+    def attention(
+        self, h: Tensor, rope: RopeInputs, kv_cache: Tensor, meta: AttentionMetadata,
+        window: WindowView | None = None,
+    ) -> Tensor:  # [T, hidden] -> the attention's output [T, hidden] (K/V written)
+        return self.self_attn(self.input_layernorm(h), rope, kv_cache, meta, window)
+
+    def finish(self, h: Tensor, attn: Tensor) -> Tensor:  # norms, residuals, MLP: row-local
         if self.pre_feedforward_layernorm is None or self.post_feedforward_layernorm is None:
             h = h + attn
             return h + self.mlp(self.post_attention_layernorm(h))

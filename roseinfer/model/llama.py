@@ -85,7 +85,16 @@ class LlamaDecoderLayer(nn.Module):
         self, h: Tensor, rope: RopeInputs, kv_cache: Tensor, meta: AttentionMetadata,
         window: WindowView | None = None,
     ) -> Tensor:  # [T, hidden] -> [T, hidden]
-        h = h + self.self_attn(self.input_layernorm(h), rope, kv_cache, meta, window)
+        return self.finish(h, self.attention(h, rope, kv_cache, meta, window))
+
+    def attention(
+        self, h: Tensor, rope: RopeInputs, kv_cache: Tensor, meta: AttentionMetadata,
+        window: WindowView | None = None,
+    ) -> Tensor:  # [T, hidden] -> the attention block's output [T, hidden] (K/V written)
+        return self.self_attn(self.input_layernorm(h), rope, kv_cache, meta, window)
+
+    def finish(self, h: Tensor, attn: Tensor) -> Tensor:  # residual + MLP, row-local
+        h = h + attn
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -171,8 +180,18 @@ class LlamaForCausalLM(nn.Module):
         local = self.model.rotary_emb_local
         local_rope = rope if local is None else rope_inputs(local, positions, h)
         window = sliding_window_view(meta, cfg.sliding_window)  # once per step, all layers
+        last = len(self.model.layers) - 1
         for i, (layer, kv_cache) in enumerate(zip(self.model.layers, kv_caches, strict=True)):
-            h = layer(h, local_rope if cfg.uses_local_rope(i) else rope, kv_cache, meta, window)
+            r = local_rope if cfg.uses_local_rope(i) else rope
+            if i == last and meta.out_rows is not None:
+                # Only the rows read go past the last attention (K/V written for all):
+                # the MLP is row-local, so they get the values of the whole step.
+                attn = layer.attention(h, r, kv_cache, meta, window)  # [T, hidden]
+                kept = h.new_zeros(h.shape)  # [T, hidden]
+                kept[meta.out_rows] = layer.finish(h[meta.out_rows], attn[meta.out_rows])
+                h = kept
+            else:
+                h = layer(h, r, kv_cache, meta, window)
         return self.model.norm(h)
 
     def _decode_stack(self, h: Tensor) -> object | None:

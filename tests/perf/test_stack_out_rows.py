@@ -74,3 +74,33 @@ def test_output_rows_of_a_layout() -> None:
     assert output_rows(layout(8, [])) == []  # a chunk that completes nothing
     assert output_rows(layout(8, [0, 7], prompt={1: (1, 8)})) is None  # prompt logprobs
     assert output_rows(layout(9, [8], pool={0: (0, 3)})) == [0, 1, 2, 8]
+
+
+@pytest.mark.parametrize("case", ["qwen3", "gemma2", "mistral_window"])
+def test_per_layer_path_keeps_rows_bitwise(case: str) -> None:
+    """Families off the stack: the last layer's residual + MLP run on the rows read."""
+    from tests.model.family_helpers import hf_model, ours
+
+    model = quantize_model(ours(hf_model(case)), "fp16")  # the batch-invariant fp16 kernel
+    cfg, bs = model.config, 4
+    gen = torch.Generator().manual_seed(5)
+    caches = [random_cache(16 * bs, cfg.num_kv_heads, cfg.head_dim, torch.float32, gen)
+              for _ in range(cfg.num_layers)]
+    meta = build_attention_metadata(SPECS, bs, torch.device("cpu"))
+    ids = torch.arange(T) * 7 % cfg.vocab_size
+
+    def run(rows: list[int] | None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        meta.out_rows = None if rows is None else torch.tensor(rows, dtype=torch.long)
+        cs = [c.clone() for c in caches]
+        with torch.inference_mode():
+            return model(ids, meta.positions, cs, meta), cs
+
+    full, full_caches = run(None)
+    assert getattr(model, "_stack", None) is None, f"{case} should run layer by layer"
+    for rows in ([0, 1, 7, 12], [1, 9], []):
+        got, got_caches = run(rows)
+        assert torch.equal(got[rows], full[rows]), (case, rows)
+        others = [r for r in range(T) if r not in rows]
+        assert not got[others].any(), (case, rows)
+        for a, b in zip(got_caches, full_caches, strict=True):
+            assert torch.equal(a, b)
