@@ -79,18 +79,11 @@ static void attend_heads(const float* qd, const KV* kc, const KV* vc, const int3
   }
   for (int64_t b = 0; b < std::min(ahead, nblk); ++b) prefetch_block(vbase, b);
   for (int g = 0; g < GB; ++g) softmax_row(scores + g * L, L);
-#ifdef ROSEINFER_AVX512
-  constexpr int kW = 16;  // output dims a register
-  using Vec = __m512;
-#else
-  constexpr int kW = 8;
-  using Vec = __m256;
-#endif
-  constexpr int kChunk = DH / kW < 4 ? DH / kW : 4;  // registers a pass
+  constexpr int kW = kPvW, kChunk = kPvChunk<DH>;
   for (int ch = 0; ch < DH / kW; ch += kChunk) {
-    Vec acc[GB][kChunk];
+    PvVec acc[GB][kChunk];
     for (int g = 0; g < GB; ++g)
-      for (int u = 0; u < kChunk; ++u) acc[g][u] = vzero<Vec>();
+      for (int u = 0; u < kChunk; ++u) acc[g][u] = vzero<PvVec>();
     for (int64_t b = 0; b < nblk; ++b) {
       const int64_t t0 = b * bs, n = rows_in(b);
       const KV* vb = vbase + (int64_t)table[b] * block_values + kW * ch;
@@ -100,13 +93,7 @@ static void attend_heads(const float* qd, const KV* kc, const KV* vc, const int3
       if (ch == 0 && next_seq) next_seq->step();
       for (int64_t j = 0; j < n; ++j) {
         if (j < pn) prefetch_bytes(pb + j * row, pf_bytes);
-        const KV* vr = vb + j * row;
-        Vec p[GB];
-        for (int g = 0; g < GB; ++g) p[g] = vbroadcast<Vec>(scores + g * L + t0 + j);
-        for (int u = 0; u < kChunk; ++u) {
-          const Vec vv = vload<Vec>(vr + kW * u);
-          for (int g = 0; g < GB; ++g) acc[g][u] = vfmadd(p[g], vv, acc[g][u]);
-        }
+        pv_step(scores, L, t0 + j, vb + j * row, acc);
       }
     }
     for (int g = 0; g < GB; ++g)
@@ -143,31 +130,18 @@ static void attend_heads_walk(const float* qd, const KV* kc, const KV* vc, const
   }
   RowsAhead<KV> va(table, bs, vc + kh * DH, row, L, pf_bytes);
   for (int g = 0; g < GB; ++g) softmax_row(scores + g * L, L);
-#ifdef ROSEINFER_AVX512
-  constexpr int kW = 16;  // output dims a register
-  using Vec = __m512;
-#else
-  constexpr int kW = 8;
-  using Vec = __m256;
-#endif
-  constexpr int kChunk = DH / kW < 4 ? DH / kW : 4;  // registers a pass
+  constexpr int kW = kPvW, kChunk = kPvChunk<DH>;
   for (int ch = 0; ch < DH / kW; ch += kChunk) {
-    Vec acc[GB][kChunk];
+    PvVec acc[GB][kChunk];
     for (int g = 0; g < GB; ++g)
-      for (int u = 0; u < kChunk; ++u) acc[g][u] = vzero<Vec>();
+      for (int u = 0; u < kChunk; ++u) acc[g][u] = vzero<PvVec>();
     SlotCursor v(table, bs, 0);
     for (int64_t t = 0; t < L; ++t, v.next()) {
       if (ch == 0) {
         va.step(t);
         if (next_seq && t % bs == 0) next_seq->step();
       }
-      const KV* vr = vc + v.slot() * row + kh * DH + kW * ch;
-      Vec p[GB];
-      for (int g = 0; g < GB; ++g) p[g] = vbroadcast<Vec>(scores + g * L + t);
-      for (int u = 0; u < kChunk; ++u) {
-        const Vec vv = vload<Vec>(vr + kW * u);
-        for (int g = 0; g < GB; ++g) acc[g][u] = vfmadd(p[g], vv, acc[g][u]);
-      }
+      pv_step(scores, L, t, vc + v.slot() * row + kh * DH + kW * ch, acc);
     }
     for (int g = 0; g < GB; ++g)
       for (int u = 0; u < kChunk; ++u) vstore(od + g * DH + kW * (ch + u), acc[g][u]);

@@ -35,6 +35,31 @@ static inline __m512 vfmadd(__m512 a, __m512 b, __m512 c) { return _mm512_fmadd_
 static inline void vstore(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
 #endif
 
+// The P.V pass's registers: kPvW output dims each, kPvChunk<DH> of them a pass.
+#ifdef ROSEINFER_AVX512
+using PvVec = __m512;
+constexpr int kPvW = 16;
+#else
+using PvVec = __m256;
+constexpr int kPvW = 8;
+#endif
+template <int DH>
+constexpr int kPvChunk = DH / kPvW < 4 ? DH / kPvW : 4;
+
+// One position's P.V step: acc[g][u] += p_g * v[kPvW u ..] for the GB heads' probabilities
+// p_g = scores[g * L + t] and the V row vr (one FMA chain per output lane, in position
+// order: the walk's form never changes a value).
+template <int GB, int CH, typename KV>
+static inline void pv_step(const float* scores, int64_t L, int64_t t, const KV* vr,
+                           PvVec (&acc)[GB][CH]) {
+  PvVec p[GB];
+  for (int g = 0; g < GB; ++g) p[g] = vbroadcast<PvVec>(scores + g * L + t);
+  for (int u = 0; u < CH; ++u) {
+    const PvVec vv = vload<PvVec>(vr + kPvW * u);
+    for (int g = 0; g < GB; ++g) acc[g][u] = vfmadd(p[g], vv, acc[g][u]);
+  }
+}
+
 // Scores of query heads q[0..GB) (stride DH) against the K rows k[0..4): per (head, row)
 // an FMA chain over the DH/8 vectors, then reduce4; n of them stored at out[g * ld + j].
 // Each K vector is widened once for the GB heads.
