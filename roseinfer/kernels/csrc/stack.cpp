@@ -10,17 +10,12 @@ namespace roseinfer {
 
 namespace {
 
-// out_rows as a checked list (ascending rows of [0, B)); every row when absent.
-std::vector<int64_t> kept_rows(const at::Tensor* out_rows, int64_t B) {
+// out_rows as a checked list (ascending rows of [0, B)).
+std::vector<int64_t> kept_rows(const at::Tensor& out_rows, int64_t B) {
   std::vector<int64_t> keep;
-  if (!out_rows) {
-    keep.resize(B);
-    for (int64_t i = 0; i < B; ++i) keep[i] = i;
-    return keep;
-  }
-  TORCH_CHECK(out_rows->scalar_type() == at::kLong && out_rows->dim() == 1,
+  TORCH_CHECK(out_rows.scalar_type() == at::kLong && out_rows.dim() == 1,
               "out_rows must be a 1-D int64 tensor");
-  const at::Tensor r = out_rows->contiguous();
+  const at::Tensor r = out_rows.contiguous();
   const int64_t* rp = r.data_ptr<int64_t>();
   for (int64_t i = 0; i < r.numel(); ++i) {
     TORCH_CHECK(rp[i] >= 0 && rp[i] < B && (i == 0 || rp[i] > rp[i - 1]),
@@ -75,9 +70,9 @@ at::Tensor LlamaStack::run(at::Tensor h_in, at::Tensor positions, at::Tensor cos
     times[which] += std::chrono::duration<double>(now - mark).count();
     mark = now;
   };
-  // The rows the last layer carries past its K/V writes: out_rows, or all.
-  const std::vector<int64_t> keep = kept_rows(out_rows, B);
-  const bool subset = !lora && static_cast<int64_t>(keep.size()) < B;
+  // The rows the last layer carries past its K/V writes (subset: fewer than all).
+  const std::vector<int64_t> keep = out_rows ? kept_rows(*out_rows, B) : std::vector<int64_t>();
+  const bool subset = out_rows && !lora && static_cast<int64_t>(keep.size()) < B;
   const int32_t* bt = block_tables.data_ptr<int32_t>();
   const int32_t* lens = token_lens.data_ptr<int32_t>();
   const int32_t* seq_of = token_seq.data_ptr<int32_t>();
