@@ -1,9 +1,12 @@
-// The GGUF GEMM's one-row loops (gguf_gemm.cpp's driver picks them for M == 1 on AVX2):
-// the accumulators in registers, scales converted where they are read, and the same
-// integer dots and fp32 steps, in the same order, as the multi-row tiles (so the same
-// bits: a row alone equals the row in a batch).  Also the accumulators' start value that
-// both use.
+// The GGUF GEMM's few-row loops (gguf_gemm.cpp's driver picks them): with AVX-512,
+// steps of 1-4 rows of the 4- and 8-bit formats and Q4_K (rows_zmm); else one row on
+// 256-bit registers (row1).  The accumulators in registers, scales converted where they
+// are read, and the same integer dots and fp32 steps, in the same order, as the
+// multi-row tiles (so the same bits: a row alone equals the row in a batch).  Also the
+// accumulators' start value that the tiles use too.
 #pragma once
+
+#include <type_traits>
 
 #include "gguf_decode.h"
 #include "gguf_gemm.h"
@@ -85,6 +88,133 @@ void row1_panels(const GgufPanels& g, const int16_t* xq, const float* dx, const 
     }
   });
 }
+
+#ifdef ROSEINFER_AVX512
+// Steps of 1 to kRowsZmm rows on 512-bit registers, straight from the panels (no decoded
+// groups: the multi-row tiles' DBlock pass and accumulator round trips through memory
+// cost more than the dots at so few rows, and their group-ahead prefetch left DRAM idle
+// at the group edges): per panel the 16 columns' fp32 sums of each row in a register,
+// per 32-block the rows' exact dots (steps_zmm) and block_step, each block prefetching
+// the one kPfAhead bytes on.  The same integer dots and fp32 steps in the same order as
+// the tiles (tile_blocks_zmm, panels_avx2's), so the same bits.
+constexpr int64_t kRowsZmm = 4;
+
+// Rows' pointers into the activations (xq, dx, sx, xs: row strides K, K / 32, K / 16).
+struct RowsArgs {
+  const int16_t* xq;
+  const float* dx;
+  const float* sx;
+  const int32_t* xs;
+  int64_t K;
+};
+
+// The MR rows' fp32 sums (acc) stored (+ bias) into y for panel p.
+template <int MR>
+inline void store_rows(const __m512 (&acc)[MR], const GgufPanels& g, int64_t p,
+                       const float* bias, float* y, int64_t ldy) {
+  alignas(64) float out[MR * 16];
+  for (int m = 0; m < MR; ++m) _mm512_store_ps(out + 16 * m, acc[m]);
+  store_tile(out, MR, p * 16, std::min<int64_t>(16, g.N - p * 16), bias, y, ldy);
+}
+
+// One-32-block formats other than Q5_0 / Q5_1.
+template <class F, int MR>
+void rows_panels_zmm(const GgufPanels& g, const RowsArgs& r, int64_t p0, int64_t p1,
+                     const float* bias, float* y, int64_t ldy) {
+  constexpr Head kHead = F::BITS == 8 ? Head::I8 : Head::NIB;
+  constexpr int64_t kPfAhead = 32 * F::kPanel;
+  const int64_t K = r.K, KB = K / 32, KH = K / 16, panel_bytes = KB * F::kPanel;
+  const uint8_t* base = g.packed.data_ptr<uint8_t>();
+  for (int64_t p = p0; p < p1; ++p) {
+    const uint8_t* panel = base + p * panel_bytes;
+    __m512 acc[MR];
+    for (int m = 0; m < MR; ++m) acc[m] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < KB; ++j) {
+      const uint8_t* blk = panel + j * F::kPanel;
+      for (int64_t i = 0; i < F::kPanel; i += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(blk + kPfAhead + i), _MM_HINT_T0);
+      const int16_t* xr[MR];
+      __m512i z[MR];
+      for (int m = 0; m < MR; ++m) {
+        xr[m] = r.xq + m * K + j * 32;
+        z[m] = _mm512_setzero_si512();
+        if constexpr (F::OFFSET != 0)
+          z[m] = _mm512_set1_epi32(-F::OFFSET * (r.xs[m * KH + 2 * j] + r.xs[m * KH + 2 * j + 1]));
+      }
+      steps_zmm<MR, 16, kHead>(xr, blk, z);
+      const __m256i* h = reinterpret_cast<const __m256i*>(blk + F::kScaleOff);
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(h));
+      const __m512 mn = F::kMin ? _mm512_cvtph_ps(_mm256_loadu_si256(h + 1)) : d;
+      for (int m = 0; m < MR; ++m)
+        acc[m] = block_step<F::kMin>(acc[m], z[m], r.dx[m * KB + j], F::kMin ? r.sx[m * KB + j] : 0.f, d, mn);
+    }
+    store_rows<MR>(acc, g, p, bias, y, ldy);
+  }
+}
+
+// Q4_K: per super-block the 8 32-blocks' D = d sc and M = -(dmin mn) on 16 columns at
+// once (decode_avx2's products), then per 32-block the rows' dots and block_step.
+template <class F, int MR>
+void rows_kquant_zmm(const GgufPanels& g, const RowsArgs& r, int64_t p0, int64_t p1,
+                     const float* bias, float* y, int64_t ldy) {
+  static_assert(F::kType == kQ4_K, "rows_kquant_zmm: Q4_K");
+  constexpr int64_t kPfAhead = F::kPanel / 8;  // one 32-block's share of a super-block
+  const int64_t K = r.K, KB = K / 32, NSB = K / 256, panel_bytes = NSB * F::kPanel;
+  const uint8_t* base = g.packed.data_ptr<uint8_t>();
+  const __m512 neg = _mm512_set1_ps(-0.f);
+  for (int64_t p = p0; p < p1; ++p) {
+    const uint8_t* panel = base + p * panel_bytes;
+    __m512 acc[MR];
+    for (int m = 0; m < MR; ++m) acc[m] = _mm512_setzero_ps();
+    for (int64_t sb = 0; sb < NSB; ++sb) {
+      const uint8_t* psb = panel + sb * F::kPanel;
+      const uint8_t* sp = psb + F::kScaleOff;
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sp)));
+      const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sp + 32)));
+      __m512 D[8], Mn[8];
+      for (int jj = 0; jj < 8; ++jj) {
+        __m128i sc, mn;
+        kquant_sc_mn(sp, jj, sc, mn);
+        D[jj] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc)));
+        Mn[jj] = _mm512_xor_ps(neg, _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mn))));
+      }
+      for (int jj = 0; jj < 8; ++jj) {
+        const int64_t j = sb * 8 + jj;
+        const uint8_t* pf = psb + 4 * F::kPanel + jj * kPfAhead;  // 4 super-blocks on
+        for (int64_t i = 0; i < kPfAhead; i += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(pf + i), _MM_HINT_T0);
+        const int16_t* xr[MR];
+        __m512i z[MR];
+        for (int m = 0; m < MR; ++m) xr[m] = r.xq + m * K + j * 32, z[m] = _mm512_setzero_si512();
+        steps_zmm<MR, 16, Head::NIB>(xr, psb + jj * 256, z);
+        for (int m = 0; m < MR; ++m)
+          acc[m] = block_step<true>(acc[m], z[m], r.dx[m * KB + j], r.sx[m * KB + j], D[jj], Mn[jj]);
+      }
+    }
+    store_rows<MR>(acc, g, p, bias, y, ldy);
+  }
+}
+
+// Whether F has these loops, and panels [p0, p1) of a step of M <= kRowsZmm rows on them.
+template <class F>
+constexpr bool kRowsZmmFormat = (kOneBlock<F> && F::BITS != 5) || F::kType == kQ4_K;
+
+template <class F>
+void rows_zmm(const GgufPanels& g, const RowsArgs& r, int64_t M, int64_t p0, int64_t p1,
+              const float* bias, float* y, int64_t ldy) {
+  const auto run = [&](auto rows) {
+    constexpr int MR = decltype(rows)::value;
+    if constexpr (F::kType == kQ4_K) rows_kquant_zmm<F, MR>(g, r, p0, p1, bias, y, ldy);
+    else rows_panels_zmm<F, MR>(g, r, p0, p1, bias, y, ldy);
+  };
+  switch (M) {
+    case 1: return run(std::integral_constant<int, 1>{});
+    case 2: return run(std::integral_constant<int, 2>{});
+    case 3: return run(std::integral_constant<int, 3>{});
+    default: return run(std::integral_constant<int, 4>{});
+  }
+}
+#endif  // ROSEINFER_AVX512
 
 // One row of Q4_K / Q5_K: panels [p0, p1) with the accumulators in registers; per
 // 256-value super-block d and dmin are converted once and the 8 32-blocks' D = d sc and

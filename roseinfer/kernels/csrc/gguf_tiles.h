@@ -100,10 +100,18 @@ alignas(32) inline const int16_t kNibMasks[48] = {
 // steps_int on 512-bit registers: a step's 16 columns (int16 pairs in I8 order) in one
 // register, one accumulator per row (z[m]: columns 0-15), vpdpwssd per row and step
 // (the same exact sums).  Heads: int16 values (64 bytes a step), int8 ones (32), 4-bit
-// ones (32 bytes: two steps, low / high nibbles).
+// ones (32 bytes: two steps, low / high nibbles).  Each vpdpwssd waits for the one
+// before on its accumulator, so few rows sum into more registers: 1 row into four (by
+// step modulo 4), 2-3 rows into two each (even / odd steps), folded into z at the end
+// (exact int32 sums: the same bits in any order).
 template <int MR, int STEPS, Head H>
 inline void steps_zmm(const int16_t* const* xr, const uint8_t* q, __m512i (&z)[MR]) {
+  constexpr int kChains = MR == 1 ? 4 : MR <= 3 ? 2 : 1;
   const __m512i nib = _mm512_set1_epi16(15);
+  __m512i t[kChains][MR];
+  for (int c = 1; c < kChains; ++c)
+    for (int m = 0; m < MR; ++m) t[c][m] = _mm512_setzero_si512();
+  for (int m = 0; m < MR; ++m) t[0][m] = z[m];
   for (int s = 0; s < STEPS; s += 2) {
     __m512i w0, w1;
     if constexpr (H == Head::I16) {
@@ -117,10 +125,17 @@ inline void steps_zmm(const int16_t* const* xr, const uint8_t* q, __m512i (&z)[M
       w0 = _mm512_and_si512(v, nib);
       w1 = _mm512_srli_epi16(v, 4);
     }
+    constexpr int kOdd = kChains > 1 ? 1 : 0;
+    const int c = kChains == 4 ? (s & 2) : 0;  // 1 row: chains 0-1 or 2-3
     for (int m = 0; m < MR; ++m) {
-      z[m] = _mm512_dpwssd_epi32(z[m], w0, bcast4(xr[m] + 2 * s));
-      z[m] = _mm512_dpwssd_epi32(z[m], w1, bcast4(xr[m] + 2 * s + 2));
+      t[c][m] = _mm512_dpwssd_epi32(t[c][m], w0, bcast4(xr[m] + 2 * s));
+      t[c + kOdd][m] = _mm512_dpwssd_epi32(t[c + kOdd][m], w1, bcast4(xr[m] + 2 * s + 2));
     }
+  }
+  for (int m = 0; m < MR; ++m) {
+    z[m] = t[0][m];
+    if constexpr (kChains == 4) z[m] = _mm512_add_epi32(_mm512_add_epi32(z[m], t[1][m]), _mm512_add_epi32(t[2][m], t[3][m]));
+    else if constexpr (kChains == 2) z[m] = _mm512_add_epi32(z[m], t[1][m]);
   }
 }
 
