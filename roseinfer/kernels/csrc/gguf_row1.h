@@ -1,5 +1,5 @@
 // The GGUF GEMM's few-row loops (gguf_gemm.cpp's driver picks them): with AVX-512,
-// steps of 1-4 rows of the 4- and 8-bit formats and Q4_K (rows_zmm); else one row on
+// steps of 1-4 rows of the 4- and 8-bit formats, Q4_K and Q6_K (rows_zmm); else one row on
 // 256-bit registers (row1).  The accumulators in registers, scales converted where they
 // are read, and the same integer dots and fp32 steps, in the same order, as the
 // multi-row tiles (so the same bits: a row alone equals the row in a batch).  Also the
@@ -195,25 +195,6 @@ void rows_kquant_zmm(const GgufPanels& g, const RowsArgs& r, int64_t p0, int64_t
   }
 }
 
-// Whether F has these loops, and panels [p0, p1) of a step of M <= kRowsZmm rows on them.
-template <class F>
-constexpr bool kRowsZmmFormat = (kOneBlock<F> && F::BITS != 5) || F::kType == kQ4_K;
-
-template <class F>
-void rows_zmm(const GgufPanels& g, const RowsArgs& r, int64_t M, int64_t p0, int64_t p1,
-              const float* bias, float* y, int64_t ldy) {
-  const auto run = [&](auto rows) {
-    constexpr int MR = decltype(rows)::value;
-    if constexpr (F::kType == kQ4_K) rows_kquant_zmm<F, MR>(g, r, p0, p1, bias, y, ldy);
-    else rows_panels_zmm<F, MR>(g, r, p0, p1, bias, y, ldy);
-  };
-  switch (M) {
-    case 1: return run(std::integral_constant<int, 1>{});
-    case 2: return run(std::integral_constant<int, 2>{});
-    case 3: return run(std::integral_constant<int, 3>{});
-    default: return run(std::integral_constant<int, 4>{});
-  }
-}
 #endif  // ROSEINFER_AVX512
 
 // One row of Q4_K / Q5_K: panels [p0, p1) with the accumulators in registers; per
@@ -261,21 +242,26 @@ void row1_kquant(const GgufPanels& g, const int16_t* xq, const float* dx, const 
   });
 }
 
-// One row of Q6_K: panels [p0, p1) with the accumulators in registers; per 256-value
-// super-block d is converted once and the 16 halves' scales D = d sc computed together
-// (into L1), then each 32-block sums its two 16-value halves (q - 32: the sums start at
-// -32 * the half's activation sum) and adds fma(float(dot0), dx * D0, acc), then
-// fma(float(dot1), dx * D1, .): the same integer dots and fp32 steps in the same order as
-// panels_avx2's tiles (q6k_scale), so the same bits.  Each 32-block prefetches its share
-// of the super-block 4 on (panels are contiguous).
-inline void row1_q6k(const GgufPanels& g, const int16_t* xq, const float* dx,
-                     const int32_t* xs, int64_t p0, int64_t p1, const float* bias, float* y,
-                     int64_t ldy) {
+// MR rows of Q6_K (1; with AVX-512 up to kRowsZmm): panels [p0, p1) with the
+// accumulators in registers; per 256-value super-block d is converted once and the 16
+// halves' scales D = d sc computed together (into L1), then each 32-block sums its two
+// 16-value halves per row (q - 32: the sums start at -32 * the half's activation sum) and
+// adds fma(float(dot0), dx * D0, acc), then fma(float(dot1), dx * D1, .): the same integer
+// dots and fp32 steps in the same order as panels_avx2's tiles (q6k_scale), so the same
+// bits.  Each 32-block prefetches its share of the super-block 4 on (panels are
+// contiguous).
+template <int MR>
+void rows_q6k(const GgufPanels& g, const int16_t* xq, const float* dx, const int32_t* xs,
+              int64_t p0, int64_t p1, const float* bias, float* y, int64_t ldy) {
   using F = FQ6_K;
   constexpr int64_t kPfAhead = F::kPanel / 8;  // one 32-block's share of a super-block
-  const int64_t K = g.K, NSB = K / 256, KH = K / 16;
-  alignas(32) float d[16], D[16][16];
-  row1_each_panel(g, NSB * F::kPanel, p0, p1, bias, y, ldy, [&](const uint8_t* panel, __m256& acc0, __m256& acc1) {
+  const int64_t K = g.K, KB = K / 32, NSB = K / 256, KH = K / 16;
+  const uint8_t* base = g.packed.data_ptr<uint8_t>();
+  alignas(32) float d[16], D[16][16], out[MR * 16];
+  for (int64_t p = p0; p < p1; ++p) {
+    const uint8_t* panel = base + p * NSB * F::kPanel;
+    __m256 acc0[MR], acc1[MR];
+    for (int m = 0; m < MR; ++m) acc0[m] = acc1[m] = _mm256_setzero_ps();
     for (int64_t sb = 0; sb < NSB; ++sb) {
       const uint8_t* psb = panel + sb * F::kPanel;
       const uint8_t* sp = psb + F::kScaleOff;
@@ -287,23 +273,55 @@ inline void row1_q6k(const GgufPanels& g, const int16_t* xq, const float* dx,
         const uint8_t* pf = psb + 4 * F::kPanel + jj * kPfAhead;  // 4 super-blocks on
         for (int64_t i = 0; i < kPfAhead; i += 64)
           _mm_prefetch(reinterpret_cast<const char*>(pf + i), _MM_HINT_T0);
-        __m256i a[2][1][2];
+        __m256i a[2][MR][2];
         for (int h = 0; h < 2; ++h) {
-          const int16_t* xr[1] = {xq + j * 32 + 16 * h};
-          start_at<1>(a[h], xs, KH, 2 * j + h, 1, 32);
-          q6k_half<1>(xr, psb + jj * 384 + 192 * h, a[h]);
+          const int16_t* xr[MR];
+          for (int m = 0; m < MR; ++m) xr[m] = xq + m * K + j * 32 + 16 * h;
+          start_at<MR>(a[h], xs, KH, 2 * j + h, 1, 32);
+          q6k_half<MR>(xr, psb + jj * 384 + 192 * h, a[h]);
         }
-        const __m256 s = _mm256_set1_ps(dx[j]);
         const float* D0 = D[2 * jj];
         const float* D1 = D[2 * jj + 1];
-        __m256 r0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[0][0][0]), _mm256_mul_ps(s, _mm256_load_ps(D0)), acc0);
-        __m256 r1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[0][0][1]), _mm256_mul_ps(s, _mm256_load_ps(D0 + 8)), acc1);
-        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[1][0][0]), _mm256_mul_ps(s, _mm256_load_ps(D1)), r0);
-        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[1][0][1]), _mm256_mul_ps(s, _mm256_load_ps(D1 + 8)), r1);
+        for (int m = 0; m < MR; ++m) {
+          const __m256 s = _mm256_set1_ps(dx[m * KB + j]);
+          const __m256 r0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[0][m][0]), _mm256_mul_ps(s, _mm256_load_ps(D0)), acc0[m]);
+          const __m256 r1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[0][m][1]), _mm256_mul_ps(s, _mm256_load_ps(D0 + 8)), acc1[m]);
+          acc0[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[1][m][0]), _mm256_mul_ps(s, _mm256_load_ps(D1)), r0);
+          acc1[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[1][m][1]), _mm256_mul_ps(s, _mm256_load_ps(D1 + 8)), r1);
+        }
       }
     }
-  });
+    for (int m = 0; m < MR; ++m) {
+      _mm256_store_ps(out + 16 * m, acc0[m]);
+      _mm256_store_ps(out + 16 * m + 8, acc1[m]);
+    }
+    store_tile(out, MR, p * 16, std::min<int64_t>(16, g.N - p * 16), bias, y, ldy);
+  }
 }
+
+#ifdef ROSEINFER_AVX512
+// Whether F has a loop of 1 to kRowsZmm rows on AVX-512 (rows_panels_zmm, rows_kquant_zmm,
+// rows_q6k), and panels [p0, p1) of a step of M <= kRowsZmm rows on it.
+template <class F>
+constexpr bool kRowsZmmFormat = (kOneBlock<F> && F::BITS != 5) || F::kType == kQ4_K || F::kType == kQ6_K;
+
+template <class F>
+void rows_zmm(const GgufPanels& g, const RowsArgs& r, int64_t M, int64_t p0, int64_t p1,
+              const float* bias, float* y, int64_t ldy) {
+  const auto run = [&](auto rows) {
+    constexpr int MR = decltype(rows)::value;
+    if constexpr (F::kType == kQ4_K) rows_kquant_zmm<F, MR>(g, r, p0, p1, bias, y, ldy);
+    else if constexpr (F::kType == kQ6_K) rows_q6k<MR>(g, r.xq, r.dx, r.xs, p0, p1, bias, y, ldy);
+    else rows_panels_zmm<F, MR>(g, r, p0, p1, bias, y, ldy);
+  };
+  switch (M) {
+    case 1: return run(std::integral_constant<int, 1>{});
+    case 2: return run(std::integral_constant<int, 2>{});
+    case 3: return run(std::integral_constant<int, 3>{});
+    default: return run(std::integral_constant<int, 4>{});
+  }
+}
+#endif  // ROSEINFER_AVX512
 
 // Panels [p0, p1) of a one-row step by its format's 1-row loop (every GgufPanels format
 // has one).
@@ -316,7 +334,7 @@ void row1(const GgufPanels& g, const int16_t* xq, const float* dx, const float* 
     row1_kquant<F>(g, xq, dx, sx, p0, p1, bias, y, ldy);
   } else {
     static_assert(F::kType == kQ6_K, "row1: a format without a 1-row loop");
-    row1_q6k(g, xq, dx, xs, p0, p1, bias, y, ldy);
+    rows_q6k<1>(g, xq, dx, xs, p0, p1, bias, y, ldy);
   }
 }
 
