@@ -102,11 +102,11 @@ alignas(32) inline const int16_t kNibMasks[48] = {
 // (the same exact sums).  Heads: int16 values (64 bytes a step), int8 ones (32), 4-bit
 // ones (32 bytes: two steps, low / high nibbles).  Each vpdpwssd waits for the one
 // before on its accumulator, so few rows sum into more registers: 1 row into four (by
-// step modulo 4), 2-3 rows into two each (even / odd steps), folded into z at the end
+// step modulo 4), 2-4 rows into two each (even / odd steps), folded into z at the end
 // (exact int32 sums: the same bits in any order).
 template <int MR, int STEPS, Head H>
 inline void steps_zmm(const int16_t* const* xr, const uint8_t* q, __m512i (&z)[MR]) {
-  constexpr int kChains = MR == 1 ? 4 : MR <= 3 ? 2 : 1;
+  constexpr int kChains = MR == 1 ? 4 : MR <= 4 ? 2 : 1;
   const __m512i nib = _mm512_set1_epi16(15);
   __m512i t[kChains][MR];
   for (int c = 1; c < kChains; ++c)
