@@ -160,8 +160,8 @@ def test_gguf_rows_bitwise(qtype: int) -> None:
 @pytest.mark.parametrize("qtype", ALL, ids=lambda t: t.name)
 def test_gguf_linear_is_its_arithmetic(qtype: int) -> None:
     """Bitwise the numpy model, the portable kernel, and each row alone, for steps from
-    1 row (one super-block at a time; every quantized format: the 1-row loops of
-    gguf_row1.h) to 13 (whole panels decoded)."""
+    1 row to 4 (every quantized format: the few-row loops of gguf_rows.h) to 13 (whole
+    panels decoded)."""
     from roseinfer.kernels.gguf import make_gguf_linear
 
     k = 512 if qtype in (T.Q4_K, T.Q5_K, T.Q6_K) else 96

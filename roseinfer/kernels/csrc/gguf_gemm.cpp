@@ -7,7 +7,7 @@
 
 #include "gguf_amx.h"
 #include "gguf_decode.h"
-#include "gguf_row1.h"
+#include "gguf_rows.h"
 #include "gguf_tiles.h"
 #include "q8_tiles.h"
 #include "weight_memory.h"
@@ -397,7 +397,7 @@ void run_format(const GgufPanels& g, const int16_t* xq, const float* dx, const f
       if (!portable && M <= kRowsZmm)
         return rows_zmm<F>(g, RowsArgs{xq, dx, sx, xsp, g.K}, M, p0, p1, bias, y, ldy);
 #endif
-    if (!portable && M == 1) return row1<F>(g, xq, dx, sx, xsp, p0, p1, bias, y, ldy);
+    if (!portable && M <= kRowsAvx2) return rows_avx2<F>(g, xq, dx, sx, xsp, M, p0, p1, bias, y, ldy);
 #ifdef ROSEINFER_AMX
     std::unique_ptr<TileScope> tiles_on;
     if (amx) tiles_on = std::make_unique<TileScope>(gguf_tile_config());

@@ -1,9 +1,9 @@
-// The GGUF GEMM's few-row loops (gguf_gemm.cpp's driver picks them): with AVX-512,
-// steps of 1-4 rows of the 4- and 8-bit formats, Q4_K and Q6_K (rows_zmm); else one row on
-// 256-bit registers (row1).  The accumulators in registers, scales converted where they
-// are read, and the same integer dots and fp32 steps, in the same order, as the
-// multi-row tiles (so the same bits: a row alone equals the row in a batch).  Also the
-// accumulators' start value that the tiles use too.
+// The GGUF GEMM's few-row loops for steps of 1-4 rows (gguf_gemm.cpp's driver picks
+// them): with AVX-512 on 512-bit registers for the 4- and 8-bit formats, Q4_K and Q6_K
+// (rows_zmm), else on 256-bit ones (rows_avx2).  The accumulators in registers, scales
+// converted where they are read, and the same integer dots and fp32 steps, in the same
+// order, as the multi-row tiles (so the same bits: a row alone equals the row in a
+// batch).  Also the accumulators' start value that the tiles use too.
 #pragma once
 
 #include <type_traits>
@@ -30,19 +30,23 @@ inline void start_at(__m256i (&a)[MR][2], const int32_t* xs, int64_t KH, int64_t
   }
 }
 
-// body(panel, acc0, acc1) for panels [p0, p1) of g (panel_bytes apart), the 16 columns'
-// fp32 sums starting at zero, then stored (+ bias) into the row y.
-template <class Body>
-inline void row1_each_panel(const GgufPanels& g, int64_t panel_bytes, int64_t p0, int64_t p1,
+// body(panel, acc0, acc1) for panels [p0, p1) of g (panel_bytes apart), MR rows' 16
+// columns' fp32 sums (acc0 / acc1[m]: columns 0-7 / 8-15) starting at zero, then stored
+// (+ bias) into the rows of y.
+template <int MR, class Body>
+inline void rows_each_panel(const GgufPanels& g, int64_t panel_bytes, int64_t p0, int64_t p1,
                             const float* bias, float* y, int64_t ldy, Body&& body) {
   const uint8_t* base = g.packed.data_ptr<uint8_t>();
-  alignas(32) float out[16];
+  alignas(32) float out[MR * 16];
   for (int64_t p = p0; p < p1; ++p) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    __m256 acc0[MR], acc1[MR];
+    for (int m = 0; m < MR; ++m) acc0[m] = acc1[m] = _mm256_setzero_ps();
     body(base + p * panel_bytes, acc0, acc1);
-    _mm256_store_ps(out, acc0);
-    _mm256_store_ps(out + 8, acc1);
-    store_tile(out, 1, p * 16, std::min<int64_t>(16, g.N - p * 16), bias, y, ldy);
+    for (int m = 0; m < MR; ++m) {
+      _mm256_store_ps(out + 16 * m, acc0[m]);
+      _mm256_store_ps(out + 16 * m + 8, acc1[m]);
+    }
+    store_tile(out, MR, p * 16, std::min<int64_t>(16, g.N - p * 16), bias, y, ldy);
   }
 }
 
@@ -50,40 +54,44 @@ inline void row1_each_panel(const GgufPanels& g, int64_t panel_bytes, int64_t p0
 template <class F>
 constexpr bool kOneBlock = F::E == 32 && F::HALVES == 1;
 
-// One row of a one-32-block format: panels [p0, p1) with the accumulators in registers
-// and the fp16 scales (and minimums) converted where they are read (no decode into a
-// DBlock, no accumulator round trip through memory per block); the same integer dots
-// (q - offset: the sums start at -offset * the activations' sum) and the same fp32 steps
-// in the same order as panels_avx2's tiles (acc = fma(float(dot), dx * d, acc), then
-// with a minimum acc = fma(sx, m, acc): scale_add / scale_min_add), so the same bits.
-// Each block prefetches the block kPfAhead bytes on (the next panel's, near a panel's
-// end: panels are contiguous).
-template <class F>
-void row1_panels(const GgufPanels& g, const int16_t* xq, const float* dx, const float* sx,
+// MR rows (1-4) of a one-32-block format: panels [p0, p1) with the accumulators in
+// registers and the fp16 scales (and minimums) converted where they are read (no decode
+// into a DBlock, no accumulator round trip through memory per block); the same integer
+// dots (q - offset: the sums start at -offset * the activations' sum) and the same fp32
+// steps in the same order as panels_avx2's tiles (acc = fma(float(dot), dx * d, acc),
+// then with a minimum acc = fma(sx, m, acc): scale_add / scale_min_add), so the same
+// bits.  Each block prefetches the block kPfAhead bytes on (the next panel's, near a
+// panel's end: panels are contiguous).
+template <class F, int MR>
+void rows_panels(const GgufPanels& g, const int16_t* xq, const float* dx, const float* sx,
                  const int32_t* xs, int64_t p0, int64_t p1, const float* bias, float* y,
                  int64_t ldy) {
-  static_assert(kOneBlock<F>, "row1_panels: one 32-block per panel block");
+  static_assert(kOneBlock<F>, "rows_panels: one 32-block per panel block");
   constexpr Head kHead = F::BITS == 8 ? Head::I8 : Head::NIB;
   constexpr int64_t kPfAhead = 32 * F::kPanel;
   const int64_t K = g.K, KB = K / 32;
-  row1_each_panel(g, KB * F::kPanel, p0, p1, bias, y, ldy, [&](const uint8_t* panel, __m256& acc0, __m256& acc1) {
+  rows_each_panel<MR>(g, KB * F::kPanel, p0, p1, bias, y, ldy, [&](const uint8_t* panel, __m256 (&acc0)[MR], __m256 (&acc1)[MR]) {
     for (int64_t j = 0; j < KB; ++j) {
       const uint8_t* blk = panel + j * F::kPanel;
       for (int64_t i = 0; i < F::kPanel; i += 64)
         _mm_prefetch(reinterpret_cast<const char*>(blk + kPfAhead + i), _MM_HINT_T0);
-      const int16_t* xr[1] = {xq + j * 32};
-      __m256i a[1][2];
-      start_at<1>(a, xs, K / 16, 2 * j, 2, F::OFFSET);
-      if constexpr (F::BITS == 5) steps_q5<1>(xr, blk, blk + F::Ints::kNib, a);
-      else steps_int<1, 16, kHead>(xr, blk, a);
+      const int16_t* xr[MR];
+      for (int m = 0; m < MR; ++m) xr[m] = xq + m * K + j * 32;
+      __m256i a[MR][2];
+      start_at<MR>(a, xs, K / 16, 2 * j, 2, F::OFFSET);
+      if constexpr (F::BITS == 5) steps_q5<MR>(xr, blk, blk + F::Ints::kNib, a);
+      else steps_int<MR, 16, kHead>(xr, blk, a);
       const __m128i* h = reinterpret_cast<const __m128i*>(blk + F::kScaleOff);
-      const __m256 s = _mm256_set1_ps(dx[j]);
-      acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[0][0]), _mm256_mul_ps(s, _mm256_cvtph_ps(_mm_loadu_si128(h))), acc0);
-      acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[0][1]), _mm256_mul_ps(s, _mm256_cvtph_ps(_mm_loadu_si128(h + 1))), acc1);
-      if constexpr (F::kMin) {
-        const __m256 t = _mm256_set1_ps(sx[j]);
-        acc0 = _mm256_fmadd_ps(t, _mm256_cvtph_ps(_mm_loadu_si128(h + 2)), acc0);
-        acc1 = _mm256_fmadd_ps(t, _mm256_cvtph_ps(_mm_loadu_si128(h + 3)), acc1);
+      const __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128(h)), d1 = _mm256_cvtph_ps(_mm_loadu_si128(h + 1));
+      for (int m = 0; m < MR; ++m) {
+        const __m256 s = _mm256_set1_ps(dx[m * KB + j]);
+        acc0[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[m][0]), _mm256_mul_ps(s, d0), acc0[m]);
+        acc1[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[m][1]), _mm256_mul_ps(s, d1), acc1[m]);
+        if constexpr (F::kMin) {
+          const __m256 t = _mm256_set1_ps(sx[m * KB + j]);
+          acc0[m] = _mm256_fmadd_ps(t, _mm256_cvtph_ps(_mm_loadu_si128(h + 2)), acc0[m]);
+          acc1[m] = _mm256_fmadd_ps(t, _mm256_cvtph_ps(_mm_loadu_si128(h + 3)), acc1[m]);
+        }
       }
     }
   });
@@ -197,20 +205,20 @@ void rows_kquant_zmm(const GgufPanels& g, const RowsArgs& r, int64_t p0, int64_t
 
 #endif  // ROSEINFER_AVX512
 
-// One row of Q4_K / Q5_K: panels [p0, p1) with the accumulators in registers; per
+// MR rows (1-4) of Q4_K / Q5_K: panels [p0, p1) with the accumulators in registers; per
 // 256-value super-block d and dmin are converted once and the 8 32-blocks' D = d sc and
 // M = -(dmin mn) computed together (into L1), then each 32-block adds
-// fma(float(dot), dx * D, acc) and then fma(sx, M, .): the same integer dots and fp32
-// steps in the same order as panels_avx2's tiles (scale_min_add), so the same bits.
+// fma(float(dot), dx * D, acc) and then fma(sx, M, .) per row: the same integer dots and
+// fp32 steps in the same order as panels_avx2's tiles (scale_min_add), so the same bits.
 // Each 32-block prefetches its share of the super-block 4 on (panels are contiguous).
-template <class F>
-void row1_kquant(const GgufPanels& g, const int16_t* xq, const float* dx, const float* sx,
+template <class F, int MR>
+void rows_kquant(const GgufPanels& g, const int16_t* xq, const float* dx, const float* sx,
                  int64_t p0, int64_t p1, const float* bias, float* y, int64_t ldy) {
-  static_assert(F::kType == kQ4_K || F::kType == kQ5_K, "row1_kquant: Q4_K / Q5_K");
+  static_assert(F::kType == kQ4_K || F::kType == kQ5_K, "rows_kquant: Q4_K / Q5_K");
   constexpr int64_t kPfAhead = F::kPanel / 8;  // one 32-block's share of a super-block
-  const int64_t K = g.K, NSB = K / 256;
+  const int64_t K = g.K, KB = K / 32, NSB = K / 256;
   alignas(32) float d[16], dmin[16], D[8][16], M[8][16];
-  row1_each_panel(g, NSB * F::kPanel, p0, p1, bias, y, ldy, [&](const uint8_t* panel, __m256& acc0, __m256& acc1) {
+  rows_each_panel<MR>(g, NSB * F::kPanel, p0, p1, bias, y, ldy, [&](const uint8_t* panel, __m256 (&acc0)[MR], __m256 (&acc1)[MR]) {
     for (int64_t sb = 0; sb < NSB; ++sb) {
       const uint8_t* psb = panel + sb * F::kPanel;
       const uint8_t* sp = psb + F::kScaleOff;
@@ -227,22 +235,25 @@ void row1_kquant(const GgufPanels& g, const int16_t* xq, const float* dx, const 
         const uint8_t* pf = psb + 4 * F::kPanel + jj * kPfAhead;  // 4 super-blocks on
         for (int64_t i = 0; i < kPfAhead; i += 64)
           _mm_prefetch(reinterpret_cast<const char*>(pf + i), _MM_HINT_T0);
-        const int16_t* xr[1] = {xq + j * 32};
-        __m256i a[1][2];
-        start_at<1>(a, nullptr, K / 16, 2 * j, 2, 0);
-        if constexpr (F::BITS == 5) steps_q5<1>(xr, psb + jj * 256, psb + F::Ints::kNib + jj * 64, a);
-        else steps_int<1, 16, Head::NIB>(xr, psb + jj * 256, a);
-        const __m256 s = _mm256_set1_ps(dx[j]), t = _mm256_set1_ps(sx[j]);
-        const __m256 r0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[0][0]), _mm256_mul_ps(s, _mm256_load_ps(D[jj])), acc0);
-        const __m256 r1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[0][1]), _mm256_mul_ps(s, _mm256_load_ps(D[jj] + 8)), acc1);
-        acc0 = _mm256_fmadd_ps(t, _mm256_load_ps(M[jj]), r0);
-        acc1 = _mm256_fmadd_ps(t, _mm256_load_ps(M[jj] + 8), r1);
+        const int16_t* xr[MR];
+        for (int m = 0; m < MR; ++m) xr[m] = xq + m * K + j * 32;
+        __m256i a[MR][2];
+        start_at<MR>(a, nullptr, K / 16, 2 * j, 2, 0);
+        if constexpr (F::BITS == 5) steps_q5<MR>(xr, psb + jj * 256, psb + F::Ints::kNib + jj * 64, a);
+        else steps_int<MR, 16, Head::NIB>(xr, psb + jj * 256, a);
+        for (int m = 0; m < MR; ++m) {
+          const __m256 s = _mm256_set1_ps(dx[m * KB + j]), t = _mm256_set1_ps(sx[m * KB + j]);
+          const __m256 r0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[m][0]), _mm256_mul_ps(s, _mm256_load_ps(D[jj])), acc0[m]);
+          const __m256 r1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[m][1]), _mm256_mul_ps(s, _mm256_load_ps(D[jj] + 8)), acc1[m]);
+          acc0[m] = _mm256_fmadd_ps(t, _mm256_load_ps(M[jj]), r0);
+          acc1[m] = _mm256_fmadd_ps(t, _mm256_load_ps(M[jj] + 8), r1);
+        }
       }
     }
   });
 }
 
-// MR rows of Q6_K (1; with AVX-512 up to kRowsZmm): panels [p0, p1) with the
+// MR rows (1-4) of Q6_K: panels [p0, p1) with the
 // accumulators in registers; per 256-value super-block d is converted once and the 16
 // halves' scales D = d sc computed together (into L1), then each 32-block sums its two
 // 16-value halves per row (q - 32: the sums start at -32 * the half's activation sum) and
@@ -323,18 +334,28 @@ void rows_zmm(const GgufPanels& g, const RowsArgs& r, int64_t M, int64_t p0, int
 }
 #endif  // ROSEINFER_AVX512
 
-// Panels [p0, p1) of a one-row step by its format's 1-row loop (every GgufPanels format
-// has one).
+// Panels [p0, p1) of a step of M <= kRowsAvx2 rows by its format's row loop (every
+// GgufPanels format has one; 5-bit values in registers: at most 4 rows).
+constexpr int64_t kRowsAvx2 = 4;
+
 template <class F>
-void row1(const GgufPanels& g, const int16_t* xq, const float* dx, const float* sx,
-          const int32_t* xs, int64_t p0, int64_t p1, const float* bias, float* y, int64_t ldy) {
-  if constexpr (kOneBlock<F>) {
-    row1_panels<F>(g, xq, dx, sx, xs, p0, p1, bias, y, ldy);
-  } else if constexpr (F::kType == kQ4_K || F::kType == kQ5_K) {
-    row1_kquant<F>(g, xq, dx, sx, p0, p1, bias, y, ldy);
-  } else {
-    static_assert(F::kType == kQ6_K, "row1: a format without a 1-row loop");
-    rows_q6k<1>(g, xq, dx, xs, p0, p1, bias, y, ldy);
+void rows_avx2(const GgufPanels& g, const int16_t* xq, const float* dx, const float* sx,
+               const int32_t* xs, int64_t M, int64_t p0, int64_t p1, const float* bias,
+               float* y, int64_t ldy) {
+  const auto run = [&](auto rows) {
+    constexpr int MR = decltype(rows)::value;
+    if constexpr (kOneBlock<F>) rows_panels<F, MR>(g, xq, dx, sx, xs, p0, p1, bias, y, ldy);
+    else if constexpr (F::kType == kQ4_K || F::kType == kQ5_K) rows_kquant<F, MR>(g, xq, dx, sx, p0, p1, bias, y, ldy);
+    else {
+      static_assert(F::kType == kQ6_K, "rows_avx2: a format without a row loop");
+      rows_q6k<MR>(g, xq, dx, xs, p0, p1, bias, y, ldy);
+    }
+  };
+  switch (M) {
+    case 1: return run(std::integral_constant<int, 1>{});
+    case 2: return run(std::integral_constant<int, 2>{});
+    case 3: return run(std::integral_constant<int, 3>{});
+    default: return run(std::integral_constant<int, 4>{});
   }
 }
 
