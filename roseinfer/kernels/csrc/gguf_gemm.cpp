@@ -392,12 +392,8 @@ void run_format(const GgufPanels& g, const int16_t* xq, const float* dx, const f
   at::parallel_for(0, NP, grain, [&](int64_t p0, int64_t p1) {
 #ifdef ROSEINFER_AVX2
     const int32_t* xsp = xs.empty() ? nullptr : xs.data();
-#ifdef ROSEINFER_AVX512
-    if constexpr (kRowsZmmFormat<F>)
-      if (!portable && M <= kRowsZmm)
-        return rows_zmm<F>(g, RowsArgs{xq, dx, sx, xsp, g.K}, M, p0, p1, bias, y, ldy);
-#endif
-    if (!portable && M <= kRowsAvx2) return rows_avx2<F>(g, xq, dx, sx, xsp, M, p0, p1, bias, y, ldy);
+    if (!portable && M <= kFewRows)
+      return few_rows<F>(g, RowsArgs{xq, dx, sx, xsp, g.K}, M, p0, p1, bias, y, ldy);
 #ifdef ROSEINFER_AMX
     std::unique_ptr<TileScope> tiles_on;
     if (amx) tiles_on = std::make_unique<TileScope>(gguf_tile_config());

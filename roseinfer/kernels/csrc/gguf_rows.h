@@ -1,9 +1,9 @@
-// The GGUF GEMM's few-row loops for steps of 1-4 rows (gguf_gemm.cpp's driver picks
-// them): with AVX-512 on 512-bit registers for the 4- and 8-bit formats, Q4_K and Q6_K
-// (rows_zmm), else on 256-bit ones (rows_avx2).  The accumulators in registers, scales
-// converted where they are read, and the same integer dots and fp32 steps, in the same
-// order, as the multi-row tiles (so the same bits: a row alone equals the row in a
-// batch).  Also the accumulators' start value that the tiles use too.
+// The GGUF GEMM's loops for steps of 1-4 rows (few_rows, which gguf_gemm.cpp's driver
+// calls): with AVX-512 on 512-bit registers for the 4- and 8-bit formats and Q4_K, else
+// on 256-bit ones.  The accumulators in registers, scales converted where they are read,
+// and the same integer dots and fp32 steps, in the same order, as the multi-row tiles
+// (so the same bits: a row alone equals the row in a batch).  Also the accumulators'
+// start value that the tiles use too.
 #pragma once
 
 #include <type_traits>
@@ -49,6 +49,15 @@ inline void rows_each_panel(const GgufPanels& g, int64_t panel_bytes, int64_t p0
     store_tile(out, MR, p * 16, std::min<int64_t>(16, g.N - p * 16), bias, y, ldy);
   }
 }
+
+// Rows' pointers into the activations (xq, dx, sx, xs: row strides K, K / 32, K / 16).
+struct RowsArgs {
+  const int16_t* xq;
+  const float* dx;
+  const float* sx;
+  const int32_t* xs;
+  int64_t K;
+};
 
 // Formats of one 32-block per panel block (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1).
 template <class F>
@@ -98,24 +107,13 @@ void rows_panels(const GgufPanels& g, const int16_t* xq, const float* dx, const 
 }
 
 #ifdef ROSEINFER_AVX512
-// Steps of 1 to kRowsZmm rows on 512-bit registers, straight from the panels (no decoded
+// Steps of 1 to 4 rows on 512-bit registers, straight from the panels (no decoded
 // groups: the multi-row tiles' DBlock pass and accumulator round trips through memory
 // cost more than the dots at so few rows, and their group-ahead prefetch left DRAM idle
 // at the group edges): per panel the 16 columns' fp32 sums of each row in a register,
 // per 32-block the rows' exact dots (steps_zmm) and block_step, each block prefetching
 // the one kPfAhead bytes on.  The same integer dots and fp32 steps in the same order as
 // the tiles (tile_blocks_zmm, panels_avx2's), so the same bits.
-constexpr int64_t kRowsZmm = 4;
-
-// Rows' pointers into the activations (xq, dx, sx, xs: row strides K, K / 32, K / 16).
-struct RowsArgs {
-  const int16_t* xq;
-  const float* dx;
-  const float* sx;
-  const int32_t* xs;
-  int64_t K;
-};
-
 // The MR rows' fp32 sums (acc) stored (+ bias) into y for panel p.
 template <int MR>
 inline void store_rows(const __m512 (&acc)[MR], const GgufPanels& g, int64_t p,
@@ -310,53 +308,40 @@ void rows_q6k(const GgufPanels& g, const int16_t* xq, const float* dx, const int
   }
 }
 
-#ifdef ROSEINFER_AVX512
-// Whether F has a loop of 1 to kRowsZmm rows on AVX-512 (rows_panels_zmm, rows_kquant_zmm,
-// rows_q6k), and panels [p0, p1) of a step of M <= kRowsZmm rows on it.
-template <class F>
-constexpr bool kRowsZmmFormat = (kOneBlock<F> && F::BITS != 5) || F::kType == kQ4_K || F::kType == kQ6_K;
-
-template <class F>
-void rows_zmm(const GgufPanels& g, const RowsArgs& r, int64_t M, int64_t p0, int64_t p1,
-              const float* bias, float* y, int64_t ldy) {
-  const auto run = [&](auto rows) {
-    constexpr int MR = decltype(rows)::value;
-    if constexpr (F::kType == kQ4_K) rows_kquant_zmm<F, MR>(g, r, p0, p1, bias, y, ldy);
-    else if constexpr (F::kType == kQ6_K) rows_q6k<MR>(g, r.xq, r.dx, r.xs, p0, p1, bias, y, ldy);
-    else rows_panels_zmm<F, MR>(g, r, p0, p1, bias, y, ldy);
-  };
+// f(std::integral_constant<int, MR>{}) for MR = M, 1 to 4.
+template <class Fn>
+inline void with_rows(int64_t M, Fn&& f) {
   switch (M) {
-    case 1: return run(std::integral_constant<int, 1>{});
-    case 2: return run(std::integral_constant<int, 2>{});
-    case 3: return run(std::integral_constant<int, 3>{});
-    default: return run(std::integral_constant<int, 4>{});
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    default: return f(std::integral_constant<int, 4>{});
   }
 }
-#endif  // ROSEINFER_AVX512
 
-// Panels [p0, p1) of a step of M <= kRowsAvx2 rows by its format's row loop (every
-// GgufPanels format has one; 5-bit values in registers: at most 4 rows).
-constexpr int64_t kRowsAvx2 = 4;
+// Panels [p0, p1) of a step of M <= kFewRows rows by its format's row loop (every
+// GgufPanels format has one): with AVX-512 the 512-bit loops (the 4- and 8-bit formats,
+// Q4_K, and Q6_K's), else the 256-bit ones (5-bit values in registers: at most 4 rows).
+constexpr int64_t kFewRows = 4;
 
 template <class F>
-void rows_avx2(const GgufPanels& g, const int16_t* xq, const float* dx, const float* sx,
-               const int32_t* xs, int64_t M, int64_t p0, int64_t p1, const float* bias,
-               float* y, int64_t ldy) {
-  const auto run = [&](auto rows) {
+void few_rows(const GgufPanels& g, const RowsArgs& r, int64_t M, int64_t p0, int64_t p1,
+              const float* bias, float* y, int64_t ldy) {
+  with_rows(M, [&](auto rows) {
     constexpr int MR = decltype(rows)::value;
-    if constexpr (kOneBlock<F>) rows_panels<F, MR>(g, xq, dx, sx, xs, p0, p1, bias, y, ldy);
-    else if constexpr (F::kType == kQ4_K || F::kType == kQ5_K) rows_kquant<F, MR>(g, xq, dx, sx, p0, p1, bias, y, ldy);
-    else {
-      static_assert(F::kType == kQ6_K, "rows_avx2: a format without a row loop");
-      rows_q6k<MR>(g, xq, dx, xs, p0, p1, bias, y, ldy);
+#ifdef ROSEINFER_AVX512
+    if constexpr (kOneBlock<F> && F::BITS != 5) return rows_panels_zmm<F, MR>(g, r, p0, p1, bias, y, ldy);
+    if constexpr (F::kType == kQ4_K) return rows_kquant_zmm<F, MR>(g, r, p0, p1, bias, y, ldy);
+#endif
+    if constexpr (kOneBlock<F>) {
+      rows_panels<F, MR>(g, r.xq, r.dx, r.sx, r.xs, p0, p1, bias, y, ldy);
+    } else if constexpr (F::kType == kQ4_K || F::kType == kQ5_K) {
+      rows_kquant<F, MR>(g, r.xq, r.dx, r.sx, p0, p1, bias, y, ldy);
+    } else {
+      static_assert(F::kType == kQ6_K, "few_rows: a format without a row loop");
+      rows_q6k<MR>(g, r.xq, r.dx, r.xs, p0, p1, bias, y, ldy);
     }
-  };
-  switch (M) {
-    case 1: return run(std::integral_constant<int, 1>{});
-    case 2: return run(std::integral_constant<int, 2>{});
-    case 3: return run(std::integral_constant<int, 3>{});
-    default: return run(std::integral_constant<int, 4>{});
-  }
+  });
 }
 
 #endif  // ROSEINFER_AVX2
