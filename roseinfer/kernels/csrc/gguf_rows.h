@@ -59,6 +59,23 @@ struct RowsArgs {
   int64_t K;
 };
 
+// The one-32-block loops' prefetch: the block 32 on from blk (the next panel's, near a
+// panel's end: panels are contiguous).
+template <class F>
+inline void prefetch_block_ahead(const uint8_t* blk) {
+  for (int64_t i = 0; i < F::kPanel; i += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(blk + 32 * F::kPanel + i), _MM_HINT_T0);
+}
+
+// The K-quant loops' prefetch: 32-block jj's share of the super-block 4 on from psb
+// (panels are contiguous).
+template <class F>
+inline void prefetch_sb_share(const uint8_t* psb, int jj) {
+  constexpr int64_t kShare = F::kPanel / 8;
+  const uint8_t* pf = psb + 4 * F::kPanel + jj * kShare;
+  for (int64_t i = 0; i < kShare; i += 64) _mm_prefetch(reinterpret_cast<const char*>(pf + i), _MM_HINT_T0);
+}
+
 // Formats of one 32-block per panel block (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1).
 template <class F>
 constexpr bool kOneBlock = F::E == 32 && F::HALVES == 1;
@@ -69,21 +86,18 @@ constexpr bool kOneBlock = F::E == 32 && F::HALVES == 1;
 // dots (q - offset: the sums start at -offset * the activations' sum) and the same fp32
 // steps in the same order as panels_avx2's tiles (acc = fma(float(dot), dx * d, acc),
 // then with a minimum acc = fma(sx, m, acc): scale_add / scale_min_add), so the same
-// bits.  Each block prefetches the block kPfAhead bytes on (the next panel's, near a
-// panel's end: panels are contiguous).
+// bits.  Each block prefetches the block 32 on (prefetch_block_ahead).
 template <class F, int MR>
 void rows_panels(const GgufPanels& g, const int16_t* xq, const float* dx, const float* sx,
                  const int32_t* xs, int64_t p0, int64_t p1, const float* bias, float* y,
                  int64_t ldy) {
   static_assert(kOneBlock<F>, "rows_panels: one 32-block per panel block");
   constexpr Head kHead = F::BITS == 8 ? Head::I8 : Head::NIB;
-  constexpr int64_t kPfAhead = 32 * F::kPanel;
   const int64_t K = g.K, KB = K / 32;
   rows_each_panel<MR>(g, KB * F::kPanel, p0, p1, bias, y, ldy, [&](const uint8_t* panel, __m256 (&acc0)[MR], __m256 (&acc1)[MR]) {
     for (int64_t j = 0; j < KB; ++j) {
       const uint8_t* blk = panel + j * F::kPanel;
-      for (int64_t i = 0; i < F::kPanel; i += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(blk + kPfAhead + i), _MM_HINT_T0);
+      prefetch_block_ahead<F>(blk);
       const int16_t* xr[MR];
       for (int m = 0; m < MR; ++m) xr[m] = xq + m * K + j * 32;
       __m256i a[MR][2];
@@ -112,15 +126,24 @@ void rows_panels(const GgufPanels& g, const int16_t* xq, const float* dx, const 
 // cost more than the dots at so few rows, and their group-ahead prefetch left DRAM idle
 // at the group edges): per panel the 16 columns' fp32 sums of each row in a register,
 // per 32-block the rows' exact dots (steps_zmm) and block_step, each block prefetching
-// the one kPfAhead bytes on.  The same integer dots and fp32 steps in the same order as
+// the one 32 on.  The same integer dots and fp32 steps in the same order as
 // the tiles (tile_blocks_zmm, panels_avx2's), so the same bits.
-// The MR rows' fp32 sums (acc) stored (+ bias) into y for panel p.
-template <int MR>
-inline void store_rows(const __m512 (&acc)[MR], const GgufPanels& g, int64_t p,
-                       const float* bias, float* y, int64_t ldy) {
+
+// body(panel, acc) for panels [p0, p1) of g (panel_bytes apart), MR rows' 16 columns'
+// fp32 sums (acc[m]) starting at zero, then stored (+ bias) into the rows of y.
+template <int MR, class Body>
+inline void rows_each_panel_zmm(const GgufPanels& g, int64_t panel_bytes, int64_t p0,
+                                int64_t p1, const float* bias, float* y, int64_t ldy,
+                                Body&& body) {
+  const uint8_t* base = g.packed.data_ptr<uint8_t>();
   alignas(64) float out[MR * 16];
-  for (int m = 0; m < MR; ++m) _mm512_store_ps(out + 16 * m, acc[m]);
-  store_tile(out, MR, p * 16, std::min<int64_t>(16, g.N - p * 16), bias, y, ldy);
+  for (int64_t p = p0; p < p1; ++p) {
+    __m512 acc[MR];
+    for (int m = 0; m < MR; ++m) acc[m] = _mm512_setzero_ps();
+    body(base + p * panel_bytes, acc);
+    for (int m = 0; m < MR; ++m) _mm512_store_ps(out + 16 * m, acc[m]);
+    store_tile(out, MR, p * 16, std::min<int64_t>(16, g.N - p * 16), bias, y, ldy);
+  }
 }
 
 // One-32-block formats other than Q5_0 / Q5_1.
@@ -128,17 +151,11 @@ template <class F, int MR>
 void rows_panels_zmm(const GgufPanels& g, const RowsArgs& r, int64_t p0, int64_t p1,
                      const float* bias, float* y, int64_t ldy) {
   constexpr Head kHead = F::BITS == 8 ? Head::I8 : Head::NIB;
-  constexpr int64_t kPfAhead = 32 * F::kPanel;
-  const int64_t K = r.K, KB = K / 32, KH = K / 16, panel_bytes = KB * F::kPanel;
-  const uint8_t* base = g.packed.data_ptr<uint8_t>();
-  for (int64_t p = p0; p < p1; ++p) {
-    const uint8_t* panel = base + p * panel_bytes;
-    __m512 acc[MR];
-    for (int m = 0; m < MR; ++m) acc[m] = _mm512_setzero_ps();
+  const int64_t K = r.K, KB = K / 32, KH = K / 16;
+  rows_each_panel_zmm<MR>(g, KB * F::kPanel, p0, p1, bias, y, ldy, [&](const uint8_t* panel, __m512 (&acc)[MR]) {
     for (int64_t j = 0; j < KB; ++j) {
       const uint8_t* blk = panel + j * F::kPanel;
-      for (int64_t i = 0; i < F::kPanel; i += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(blk + kPfAhead + i), _MM_HINT_T0);
+      prefetch_block_ahead<F>(blk);
       const int16_t* xr[MR];
       __m512i z[MR];
       for (int m = 0; m < MR; ++m) {
@@ -154,8 +171,7 @@ void rows_panels_zmm(const GgufPanels& g, const RowsArgs& r, int64_t p0, int64_t
       for (int m = 0; m < MR; ++m)
         acc[m] = block_step<F::kMin>(acc[m], z[m], r.dx[m * KB + j], F::kMin ? r.sx[m * KB + j] : 0.f, d, mn);
     }
-    store_rows<MR>(acc, g, p, bias, y, ldy);
-  }
+  });
 }
 
 // Q4_K: per super-block the 8 32-blocks' D = d sc and M = -(dmin mn) on 16 columns at
@@ -164,14 +180,9 @@ template <class F, int MR>
 void rows_kquant_zmm(const GgufPanels& g, const RowsArgs& r, int64_t p0, int64_t p1,
                      const float* bias, float* y, int64_t ldy) {
   static_assert(F::kType == kQ4_K, "rows_kquant_zmm: Q4_K");
-  constexpr int64_t kPfAhead = F::kPanel / 8;  // one 32-block's share of a super-block
-  const int64_t K = r.K, KB = K / 32, NSB = K / 256, panel_bytes = NSB * F::kPanel;
-  const uint8_t* base = g.packed.data_ptr<uint8_t>();
+  const int64_t K = r.K, KB = K / 32, NSB = K / 256;
   const __m512 neg = _mm512_set1_ps(-0.f);
-  for (int64_t p = p0; p < p1; ++p) {
-    const uint8_t* panel = base + p * panel_bytes;
-    __m512 acc[MR];
-    for (int m = 0; m < MR; ++m) acc[m] = _mm512_setzero_ps();
+  rows_each_panel_zmm<MR>(g, NSB * F::kPanel, p0, p1, bias, y, ldy, [&](const uint8_t* panel, __m512 (&acc)[MR]) {
     for (int64_t sb = 0; sb < NSB; ++sb) {
       const uint8_t* psb = panel + sb * F::kPanel;
       const uint8_t* sp = psb + F::kScaleOff;
@@ -186,9 +197,7 @@ void rows_kquant_zmm(const GgufPanels& g, const RowsArgs& r, int64_t p0, int64_t
       }
       for (int jj = 0; jj < 8; ++jj) {
         const int64_t j = sb * 8 + jj;
-        const uint8_t* pf = psb + 4 * F::kPanel + jj * kPfAhead;  // 4 super-blocks on
-        for (int64_t i = 0; i < kPfAhead; i += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(pf + i), _MM_HINT_T0);
+        prefetch_sb_share<F>(psb, jj);
         const int16_t* xr[MR];
         __m512i z[MR];
         for (int m = 0; m < MR; ++m) xr[m] = r.xq + m * K + j * 32, z[m] = _mm512_setzero_si512();
@@ -197,8 +206,7 @@ void rows_kquant_zmm(const GgufPanels& g, const RowsArgs& r, int64_t p0, int64_t
           acc[m] = block_step<true>(acc[m], z[m], r.dx[m * KB + j], r.sx[m * KB + j], D[jj], Mn[jj]);
       }
     }
-    store_rows<MR>(acc, g, p, bias, y, ldy);
-  }
+  });
 }
 
 #endif  // ROSEINFER_AVX512
@@ -213,7 +221,6 @@ template <class F, int MR>
 void rows_kquant(const GgufPanels& g, const int16_t* xq, const float* dx, const float* sx,
                  int64_t p0, int64_t p1, const float* bias, float* y, int64_t ldy) {
   static_assert(F::kType == kQ4_K || F::kType == kQ5_K, "rows_kquant: Q4_K / Q5_K");
-  constexpr int64_t kPfAhead = F::kPanel / 8;  // one 32-block's share of a super-block
   const int64_t K = g.K, KB = K / 32, NSB = K / 256;
   alignas(32) float d[16], dmin[16], D[8][16], M[8][16];
   rows_each_panel<MR>(g, NSB * F::kPanel, p0, p1, bias, y, ldy, [&](const uint8_t* panel, __m256 (&acc0)[MR], __m256 (&acc1)[MR]) {
@@ -230,9 +237,7 @@ void rows_kquant(const GgufPanels& g, const int16_t* xq, const float* dx, const 
       }
       for (int jj = 0; jj < 8; ++jj) {
         const int64_t j = sb * 8 + jj;
-        const uint8_t* pf = psb + 4 * F::kPanel + jj * kPfAhead;  // 4 super-blocks on
-        for (int64_t i = 0; i < kPfAhead; i += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(pf + i), _MM_HINT_T0);
+        prefetch_sb_share<F>(psb, jj);
         const int16_t* xr[MR];
         for (int m = 0; m < MR; ++m) xr[m] = xq + m * K + j * 32;
         __m256i a[MR][2];
@@ -263,7 +268,6 @@ template <int MR>
 void rows_q6k(const GgufPanels& g, const int16_t* xq, const float* dx, const int32_t* xs,
               int64_t p0, int64_t p1, const float* bias, float* y, int64_t ldy) {
   using F = FQ6_K;
-  constexpr int64_t kPfAhead = F::kPanel / 8;  // one 32-block's share of a super-block
   const int64_t K = g.K, KB = K / 32, NSB = K / 256, KH = K / 16;
   const uint8_t* base = g.packed.data_ptr<uint8_t>();
   alignas(32) float d[16], D[16][16], out[MR * 16];
@@ -279,9 +283,7 @@ void rows_q6k(const GgufPanels& g, const int16_t* xq, const float* dx, const int
         scale16<true>(d, _mm_loadu_si128(reinterpret_cast<const __m128i*>(sp + 16 * i)), D[i]);
       for (int jj = 0; jj < 8; ++jj) {
         const int64_t j = sb * 8 + jj;
-        const uint8_t* pf = psb + 4 * F::kPanel + jj * kPfAhead;  // 4 super-blocks on
-        for (int64_t i = 0; i < kPfAhead; i += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(pf + i), _MM_HINT_T0);
+        prefetch_sb_share<F>(psb, jj);
         __m256i a[2][MR][2];
         for (int h = 0; h < 2; ++h) {
           const int16_t* xr[MR];
