@@ -322,8 +322,9 @@ inline void with_rows(int64_t M, Fn&& f) {
 }
 
 // Panels [p0, p1) of a step of M <= kFewRows rows by its format's row loop (every
-// GgufPanels format has one): with AVX-512 the 512-bit loops (the 4- and 8-bit formats,
-// Q4_K, and Q6_K's), else the 256-bit ones (5-bit values in registers: at most 4 rows).
+// GgufPanels format has one): with AVX-512 the 512-bit loops for the 4- and 8-bit
+// formats and Q4_K; the 256-bit ones for the others and without AVX-512 (5-bit values in
+// registers: at most 4 rows).
 constexpr int64_t kFewRows = 4;
 
 template <class F>
