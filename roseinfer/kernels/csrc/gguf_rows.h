@@ -56,7 +56,6 @@ struct RowsArgs {
   const float* dx;
   const float* sx;
   const int32_t* xs;
-  int64_t K;
 };
 
 // The one-32-block loops' prefetch: the block 32 on from blk (the next panel's, near a
@@ -88,9 +87,8 @@ constexpr bool kOneBlock = F::E == 32 && F::HALVES == 1;
 // then with a minimum acc = fma(sx, m, acc): scale_add / scale_min_add), so the same
 // bits.  Each block prefetches the block 32 on (prefetch_block_ahead).
 template <class F, int MR>
-void rows_panels(const GgufPanels& g, const int16_t* xq, const float* dx, const float* sx,
-                 const int32_t* xs, int64_t p0, int64_t p1, const float* bias, float* y,
-                 int64_t ldy) {
+void rows_panels(const GgufPanels& g, const RowsArgs& r, int64_t p0, int64_t p1,
+                 const float* bias, float* y, int64_t ldy) {
   static_assert(kOneBlock<F>, "rows_panels: one 32-block per panel block");
   constexpr Head kHead = F::BITS == 8 ? Head::I8 : Head::NIB;
   const int64_t K = g.K, KB = K / 32;
@@ -99,19 +97,19 @@ void rows_panels(const GgufPanels& g, const int16_t* xq, const float* dx, const 
       const uint8_t* blk = panel + j * F::kPanel;
       prefetch_block_ahead<F>(blk);
       const int16_t* xr[MR];
-      for (int m = 0; m < MR; ++m) xr[m] = xq + m * K + j * 32;
+      for (int m = 0; m < MR; ++m) xr[m] = r.xq + m * K + j * 32;
       __m256i a[MR][2];
-      start_at<MR>(a, xs, K / 16, 2 * j, 2, F::OFFSET);
+      start_at<MR>(a, r.xs, K / 16, 2 * j, 2, F::OFFSET);
       if constexpr (F::BITS == 5) steps_q5<MR>(xr, blk, blk + F::Ints::kNib, a);
       else steps_int<MR, 16, kHead>(xr, blk, a);
       const __m128i* h = reinterpret_cast<const __m128i*>(blk + F::kScaleOff);
       const __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128(h)), d1 = _mm256_cvtph_ps(_mm_loadu_si128(h + 1));
       for (int m = 0; m < MR; ++m) {
-        const __m256 s = _mm256_set1_ps(dx[m * KB + j]);
+        const __m256 s = _mm256_set1_ps(r.dx[m * KB + j]);
         acc0[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[m][0]), _mm256_mul_ps(s, d0), acc0[m]);
         acc1[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[m][1]), _mm256_mul_ps(s, d1), acc1[m]);
         if constexpr (F::kMin) {
-          const __m256 t = _mm256_set1_ps(sx[m * KB + j]);
+          const __m256 t = _mm256_set1_ps(r.sx[m * KB + j]);
           acc0[m] = _mm256_fmadd_ps(t, _mm256_cvtph_ps(_mm_loadu_si128(h + 2)), acc0[m]);
           acc1[m] = _mm256_fmadd_ps(t, _mm256_cvtph_ps(_mm_loadu_si128(h + 3)), acc1[m]);
         }
@@ -151,7 +149,7 @@ template <class F, int MR>
 void rows_panels_zmm(const GgufPanels& g, const RowsArgs& r, int64_t p0, int64_t p1,
                      const float* bias, float* y, int64_t ldy) {
   constexpr Head kHead = F::BITS == 8 ? Head::I8 : Head::NIB;
-  const int64_t K = r.K, KB = K / 32, KH = K / 16;
+  const int64_t K = g.K, KB = K / 32, KH = K / 16;
   rows_each_panel_zmm<MR>(g, KB * F::kPanel, p0, p1, bias, y, ldy, [&](const uint8_t* panel, __m512 (&acc)[MR]) {
     for (int64_t j = 0; j < KB; ++j) {
       const uint8_t* blk = panel + j * F::kPanel;
@@ -180,7 +178,7 @@ template <class F, int MR>
 void rows_kquant_zmm(const GgufPanels& g, const RowsArgs& r, int64_t p0, int64_t p1,
                      const float* bias, float* y, int64_t ldy) {
   static_assert(F::kType == kQ4_K, "rows_kquant_zmm: Q4_K");
-  const int64_t K = r.K, KB = K / 32, NSB = K / 256;
+  const int64_t K = g.K, KB = K / 32, NSB = K / 256;
   const __m512 neg = _mm512_set1_ps(-0.f);
   rows_each_panel_zmm<MR>(g, NSB * F::kPanel, p0, p1, bias, y, ldy, [&](const uint8_t* panel, __m512 (&acc)[MR]) {
     for (int64_t sb = 0; sb < NSB; ++sb) {
@@ -218,8 +216,8 @@ void rows_kquant_zmm(const GgufPanels& g, const RowsArgs& r, int64_t p0, int64_t
 // fp32 steps in the same order as panels_avx2's tiles (scale_min_add), so the same bits.
 // Each 32-block prefetches its share of the super-block 4 on (panels are contiguous).
 template <class F, int MR>
-void rows_kquant(const GgufPanels& g, const int16_t* xq, const float* dx, const float* sx,
-                 int64_t p0, int64_t p1, const float* bias, float* y, int64_t ldy) {
+void rows_kquant(const GgufPanels& g, const RowsArgs& r, int64_t p0, int64_t p1,
+                 const float* bias, float* y, int64_t ldy) {
   static_assert(F::kType == kQ4_K || F::kType == kQ5_K, "rows_kquant: Q4_K / Q5_K");
   const int64_t K = g.K, KB = K / 32, NSB = K / 256;
   alignas(32) float d[16], dmin[16], D[8][16], M[8][16];
@@ -239,13 +237,13 @@ void rows_kquant(const GgufPanels& g, const int16_t* xq, const float* dx, const 
         const int64_t j = sb * 8 + jj;
         prefetch_sb_share<F>(psb, jj);
         const int16_t* xr[MR];
-        for (int m = 0; m < MR; ++m) xr[m] = xq + m * K + j * 32;
+        for (int m = 0; m < MR; ++m) xr[m] = r.xq + m * K + j * 32;
         __m256i a[MR][2];
         start_at<MR>(a, nullptr, K / 16, 2 * j, 2, 0);
         if constexpr (F::BITS == 5) steps_q5<MR>(xr, psb + jj * 256, psb + F::Ints::kNib + jj * 64, a);
         else steps_int<MR, 16, Head::NIB>(xr, psb + jj * 256, a);
         for (int m = 0; m < MR; ++m) {
-          const __m256 s = _mm256_set1_ps(dx[m * KB + j]), t = _mm256_set1_ps(sx[m * KB + j]);
+          const __m256 s = _mm256_set1_ps(r.dx[m * KB + j]), t = _mm256_set1_ps(r.sx[m * KB + j]);
           const __m256 r0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[m][0]), _mm256_mul_ps(s, _mm256_load_ps(D[jj])), acc0[m]);
           const __m256 r1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[m][1]), _mm256_mul_ps(s, _mm256_load_ps(D[jj] + 8)), acc1[m]);
           acc0[m] = _mm256_fmadd_ps(t, _mm256_load_ps(M[jj]), r0);
@@ -256,25 +254,20 @@ void rows_kquant(const GgufPanels& g, const int16_t* xq, const float* dx, const 
   });
 }
 
-// MR rows (1-4) of Q6_K: panels [p0, p1) with the
-// accumulators in registers; per 256-value super-block d is converted once and the 16
-// halves' scales D = d sc computed together (into L1), then each 32-block sums its two
-// 16-value halves per row (q - 32: the sums start at -32 * the half's activation sum) and
-// adds fma(float(dot0), dx * D0, acc), then fma(float(dot1), dx * D1, .): the same integer
-// dots and fp32 steps in the same order as panels_avx2's tiles (q6k_scale), so the same
-// bits.  Each 32-block prefetches its share of the super-block 4 on (panels are
-// contiguous).
+// MR rows (1-4) of Q6_K: panels [p0, p1) with the accumulators in registers; per
+// 256-value super-block d is converted once and the 16 halves' scales D = d sc computed
+// together (into L1), then each 32-block sums its two 16-value halves per row (q - 32:
+// the sums start at -32 * the half's activation sum) and adds fma(float(dot0), dx * D0,
+// acc), then fma(float(dot1), dx * D1, .): the same integer dots and fp32 steps in the
+// same order as panels_avx2's tiles (q6k_scale), so the same bits.  Each 32-block
+// prefetches its share of the super-block 4 on (panels are contiguous).
 template <int MR>
-void rows_q6k(const GgufPanels& g, const int16_t* xq, const float* dx, const int32_t* xs,
-              int64_t p0, int64_t p1, const float* bias, float* y, int64_t ldy) {
+void rows_q6k(const GgufPanels& g, const RowsArgs& r, int64_t p0, int64_t p1,
+              const float* bias, float* y, int64_t ldy) {
   using F = FQ6_K;
   const int64_t K = g.K, KB = K / 32, NSB = K / 256, KH = K / 16;
-  const uint8_t* base = g.packed.data_ptr<uint8_t>();
-  alignas(32) float d[16], D[16][16], out[MR * 16];
-  for (int64_t p = p0; p < p1; ++p) {
-    const uint8_t* panel = base + p * NSB * F::kPanel;
-    __m256 acc0[MR], acc1[MR];
-    for (int m = 0; m < MR; ++m) acc0[m] = acc1[m] = _mm256_setzero_ps();
+  alignas(32) float d[16], D[16][16];
+  rows_each_panel<MR>(g, NSB * F::kPanel, p0, p1, bias, y, ldy, [&](const uint8_t* panel, __m256 (&acc0)[MR], __m256 (&acc1)[MR]) {
     for (int64_t sb = 0; sb < NSB; ++sb) {
       const uint8_t* psb = panel + sb * F::kPanel;
       const uint8_t* sp = psb + F::kScaleOff;
@@ -287,14 +280,14 @@ void rows_q6k(const GgufPanels& g, const int16_t* xq, const float* dx, const int
         __m256i a[2][MR][2];
         for (int h = 0; h < 2; ++h) {
           const int16_t* xr[MR];
-          for (int m = 0; m < MR; ++m) xr[m] = xq + m * K + j * 32 + 16 * h;
-          start_at<MR>(a[h], xs, KH, 2 * j + h, 1, 32);
+          for (int m = 0; m < MR; ++m) xr[m] = r.xq + m * K + j * 32 + 16 * h;
+          start_at<MR>(a[h], r.xs, KH, 2 * j + h, 1, 32);
           q6k_half<MR>(xr, psb + jj * 384 + 192 * h, a[h]);
         }
         const float* D0 = D[2 * jj];
         const float* D1 = D[2 * jj + 1];
         for (int m = 0; m < MR; ++m) {
-          const __m256 s = _mm256_set1_ps(dx[m * KB + j]);
+          const __m256 s = _mm256_set1_ps(r.dx[m * KB + j]);
           const __m256 r0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[0][m][0]), _mm256_mul_ps(s, _mm256_load_ps(D0)), acc0[m]);
           const __m256 r1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[0][m][1]), _mm256_mul_ps(s, _mm256_load_ps(D0 + 8)), acc1[m]);
           acc0[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[1][m][0]), _mm256_mul_ps(s, _mm256_load_ps(D1)), r0);
@@ -302,12 +295,7 @@ void rows_q6k(const GgufPanels& g, const int16_t* xq, const float* dx, const int
         }
       }
     }
-    for (int m = 0; m < MR; ++m) {
-      _mm256_store_ps(out + 16 * m, acc0[m]);
-      _mm256_store_ps(out + 16 * m + 8, acc1[m]);
-    }
-    store_tile(out, MR, p * 16, std::min<int64_t>(16, g.N - p * 16), bias, y, ldy);
-  }
+  });
 }
 
 // f(std::integral_constant<int, MR>{}) for MR = M, 1 to 4.
@@ -337,12 +325,12 @@ void few_rows(const GgufPanels& g, const RowsArgs& r, int64_t M, int64_t p0, int
     if constexpr (F::kType == kQ4_K) return rows_kquant_zmm<F, MR>(g, r, p0, p1, bias, y, ldy);
 #endif
     if constexpr (kOneBlock<F>) {
-      rows_panels<F, MR>(g, r.xq, r.dx, r.sx, r.xs, p0, p1, bias, y, ldy);
+      rows_panels<F, MR>(g, r, p0, p1, bias, y, ldy);
     } else if constexpr (F::kType == kQ4_K || F::kType == kQ5_K) {
-      rows_kquant<F, MR>(g, r.xq, r.dx, r.sx, p0, p1, bias, y, ldy);
+      rows_kquant<F, MR>(g, r, p0, p1, bias, y, ldy);
     } else {
       static_assert(F::kType == kQ6_K, "few_rows: a format without a row loop");
-      rows_q6k<MR>(g, r.xq, r.dx, r.xs, p0, p1, bias, y, ldy);
+      rows_q6k<MR>(g, r, p0, p1, bias, y, ldy);
     }
   });
 }
