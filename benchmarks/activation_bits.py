@@ -22,6 +22,12 @@ instead of the sets above, e.g. the gate of act8 for a Q4_0 or Q4_K_M file's gat
 ``--chat`` adds the chat part of the gate for each set: the greedy answers (16 tokens)
 to ``tests/integration/test_chat_quality.py``'s everyday questions with the layers
 rounded, against the exact fp32 model's (>= 80% equal, Paris named).
+``--block 16`` (or 8) gives each 16 (8) activations their own scale instead of 32;
+``--default-roundings`` adds the default format's other roundings (int16 in front of
+every other linear, a float16 KV cache) to each set, so a set that passes there would
+pass as the default:
+
+    .venv/bin/python benchmarks/activation_bits.py --block 16 --chat --default-roundings
 """
 
 from __future__ import annotations
@@ -48,13 +54,14 @@ LAYER_SETS: dict[str, tuple[str, ...]] = {
 }
 
 
-def round_blocks(bits: int) -> Callable[[nn.Module, tuple[Tensor, ...]], tuple[Tensor]]:
-    """A forward pre-hook rounding the input to ``bits`` per row and 32-block."""
+def round_blocks(bits: int, block: int = 32
+                 ) -> Callable[[nn.Module, tuple[Tensor, ...]], tuple[Tensor]]:
+    """A forward pre-hook rounding the input to ``bits`` per row and ``block`` values."""
     qmax = 2 ** (bits - 1) - 1
 
     def hook(_module: nn.Module, args: tuple[Tensor, ...]) -> tuple[Tensor]:
         x = args[0]
-        blocks = x.reshape(-1, x.shape[-1] // 32, 32)
+        blocks = x.reshape(-1, x.shape[-1] // block, block)
         scale = blocks.abs().amax(-1, keepdim=True) / qmax
         scale = torch.where(scale == 0, torch.ones_like(scale), scale)
         return (torch.round(blocks / scale).clamp(-qmax, qmax) * scale).reshape(x.shape),
@@ -83,22 +90,34 @@ def chat_answers(llm: object) -> list[tuple[list[int], str]]:
     return [(list(o.outputs[0].token_ids), o.outputs[0].text) for o in outs]
 
 
+LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
 @contextmanager
-def rounded(model: nn.Module, names: Sequence[str], bits: int) -> Iterator[list]:
-    """The inputs of the layers named ``names`` rounded while inside (yields the hooks)."""
-    hooks = [m.register_forward_pre_hook(round_blocks(bits))
-             for n, m in model.named_modules() if n.rsplit(".", 1)[-1] in names]
+def rounded(model: nn.Module, names: Sequence[str], bits: int, block: int = 32,
+            others16: bool = False) -> Iterator[list]:
+    """The inputs of the layers named ``names`` rounded while inside (yields their hooks);
+    ``others16``: every other linear's input to int16 per 32 values, as the default
+    format's kernels do."""
+    hooks, rest = [], []
+    for n, m in model.named_modules():
+        leaf = n.rsplit(".", 1)[-1]
+        if leaf in names:
+            hooks.append(m.register_forward_pre_hook(round_blocks(bits, block)))
+        elif others16 and leaf in LINEARS:
+            rest.append(m.register_forward_pre_hook(round_blocks(16)))
     try:
         yield hooks
     finally:
-        for h in hooks:
+        for h in hooks + rest:
             h.remove()
 
 
 def measure(llm: object, model: nn.Module, names: Sequence[str], bits: int,
-            ref: tuple[list[float], list[int]]) -> tuple[float, float, int]:
+            ref: tuple[list[float], list[int]], block: int = 32,
+            others16: bool = False) -> tuple[float, float, int]:
     """(perplexity change in %, top-1 agreement in %, layers rounded)."""
-    with rounded(model, names, bits) as hooks:
+    with rounded(model, names, bits, block, others16) as hooks:
         logprobs, top1 = prompt_stats(llm)
     ppl_ref = math.exp(-sum(ref[0]) / len(ref[0]))
     ppl = math.exp(-sum(logprobs) / len(logprobs))
@@ -109,31 +128,40 @@ def measure(llm: object, model: nn.Module, names: Sequence[str], bits: int,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bits", type=int, default=8)
+    ap.add_argument("--block", type=int, default=32,
+                    help="activations per scale (the kernels': 32; 16 or 8: finer scales)")
     ap.add_argument("--model", default=None, help="a GGUF file (default: the bundled model)")
     ap.add_argument("--layers", action="append", default=None,
                     help="comma-separated layer names rounded together (repeatable)")
     ap.add_argument("--chat", action="store_true",
                     help="also the everyday chat answers against the exact model's")
+    ap.add_argument("--default-roundings", action="store_true",
+                    help="the default format's other roundings too: int16 in front of every "
+                         "other linear, a float16 KV cache")
     args = ap.parse_args()
     sets = ({s: tuple(s.split(",")) for s in args.layers} if args.layers else LAYER_SETS)
     os.environ["ROSEINFER_CPU_KERNELS"] = "0"  # the exact fp32 PyTorch path, hookable
     from roseinfer.llm import LLM
 
-    llm = LLM(model=args.model, quantization="none", max_num_batched_tokens=512)
+    exact = LLM(model=args.model, quantization="none", max_num_batched_tokens=512)
+    ref = prompt_stats(exact)
+    answers_exact = chat_answers(exact) if args.chat else []
+    others16 = args.default_roundings
+    llm = (LLM(model=args.model, quantization="none", max_num_batched_tokens=512,
+               kv_cache_dtype="float16") if others16 else exact)
     model = llm.engine.runner.model
-    ref = prompt_stats(llm)
-    print(f"| activations rounded to {args.bits} bits in front of | layers | perplexity "
+    print(f"| activations rounded to {args.bits} bits (blocks of {args.block}) in front of "
+          "| layers | perplexity "
           "vs fp32 | top-1 agreement |\n|---|---|---|---|")
     for label, names in sets.items():
-        dppl, agree, count = measure(llm, model, names, args.bits, ref)
+        dppl, agree, count = measure(llm, model, names, args.bits, ref, args.block, others16)
         print(f"| {label} | {count} | {dppl:+.2f}% | {agree:.2f}% |")
     if args.chat:
-        exact = chat_answers(llm)
         for label, names in sets.items():
-            with rounded(model, names, args.bits):
+            with rounded(model, names, args.bits, args.block, others16):
                 answers = chat_answers(llm)
-            same = [a[0] == b[0] for a, b in zip(answers, exact, strict=True)]
-            for ok, a, b in zip(same, answers, exact, strict=True):
+            same = [a[0] == b[0] for a, b in zip(answers, answers_exact, strict=True)]
+            for ok, a, b in zip(same, answers, answers_exact, strict=True):
                 print(f"{'=' if ok else '!'} {a[1]!r} / fp32 {b[1]!r}")
             print(f"{label}: {sum(same)} of {len(same)} answers as fp32 (16 tokens), "
                   f"Paris named: {'Paris' in answers[0][1]}")
