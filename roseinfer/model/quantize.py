@@ -65,9 +65,9 @@ from torch import Tensor, nn
 # everyday chat answers on an AMD Zen 4 (AVX-512, no AMX): 11 of 14 as fp32, "What is the
 # capital of France?" answered "L'Étoile, la Marseillaise, ..." (every kernel variant
 # there gives the same bits); int16 activations everywhere answer 14 of 14 there.  The
-# kernels (csrc/q4_act8.h) stay, tested, for a rework that passes on every machine: one
-# scale per 16 activations instead of 32 passes there (13 of 14, Paris; docs/performance.md,
-# "8-bit activations in 16-value blocks"), measured in the exact path, not yet built.
+# kernels (csrc/q4_act8.h, now one scale per 16 activations: better, not yet enough;
+# docs/performance.md, "8-bit activations in 16-value blocks") stay, tested, for a
+# rework that passes on every machine.
 ACT8_LAYERS: frozenset[str] = frozenset()
 
 QUANTIZATIONS = ("none", "fp16", "fp16+bf16", "int8", "q4_0")

@@ -233,19 +233,34 @@ def test_q4_1_parts_equal_the_int8_format_kernel() -> None:
             assert torch.equal(lin.forward_portable(x), ref)
 
 
+def act8_quant(x: np.ndarray):
+    """act_quant.h's quantize_rows_act8: per row and 16 values dx = max|x| / 127, xq =
+    rint(x / dx); per 32-block sx = fma(float(s1), dx1, float(s0) * dx0)."""
+    rows, k = x.shape
+    xb = x.reshape(rows, k // 16, 16)
+    dx = (np.abs(xb).max(-1) / np.float32(127)).astype(np.float32)
+    safe = np.where(dx == 0, np.float32(1), dx)
+    xq = np.clip(np.rint(xb / safe[..., None]), -127, 127).astype(np.int64)
+    s = xq.sum(-1).astype(np.float32)
+    s0 = (s[:, 0::2] * dx[:, 0::2]).astype(np.float32)
+    sx = fma32(s[:, 1::2], dx[:, 1::2], s0)
+    return xq.reshape(rows, k // 32, 32), dx, sx
+
+
 def act8_model(raw: np.ndarray, k: int, x: np.ndarray) -> np.ndarray:
-    """Q4_0 x int8 activations (q4_act8.h, offset 8): per 32-block the exact dot of xq
-    with q - 8 (the dot with q minus 8 * the block's activation sum), then acc =
-    fma(float(dot), dx * d, acc) in block order."""
+    """Q4_0 x int8 activations (q4_act8.h, offset 8): per 32-block the exact dots of its
+    two 16-value halves of xq with q - 8, then t = float(dot0) * dx0, t = fma(float(dot1),
+    dx1, t), acc = fma(t, d, acc) in block order."""
     v, d16, _ = weight_model(T.Q4_0, raw, k)
-    xq, dx, _ = act_quant(x, 127)
+    xq, dx, _ = act8_quant(x)
     rows, n = x.shape[0], raw.shape[0]
-    dots = np.einsum("rjk,njk->rnj", xq, v.reshape(n, k // 32, 32))
+    dots = np.einsum("rjhk,njhk->rnjh", xq.reshape(rows, k // 32, 2, 16), v.reshape(n, k // 32, 2, 16))
     assert np.abs(dots).max() < 2 ** 24  # exact in fp32
     acc = np.zeros((rows, n), np.float32)
     for j in range(k // 32):
-        scale = (dx[:, j:j + 1] * d16[None, :, 2 * j]).astype(np.float32)
-        acc = fma32(dots[..., j].astype(np.float32), scale, acc)
+        t = (dots[..., j, 0].astype(np.float32) * dx[:, 2 * j:2 * j + 1]).astype(np.float32)
+        t = fma32(dots[..., j, 1].astype(np.float32), dx[:, 2 * j + 1:2 * j + 2], t)
+        acc = fma32(t, d16[None, :, 2 * j], acc)
     return acc
 
 

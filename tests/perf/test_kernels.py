@@ -184,19 +184,23 @@ def test_linear_kernel_q4_1_exact_weights(rows: int) -> None:
 def _act8_reference(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor,
                     b: torch.Tensor) -> torch.Tensor:
     """csrc/q4_act8.h's arithmetic in float64 (exact for these small integers) and with
-    its fp32 roundings: per 32-block, int8 activations, exact integer dots, then
-    acc = fma(dot, dx * d, acc); acc = fma(sum(xq) * dx, m, acc)."""
+    its fp32 roundings: int8 activations per 16 values, per 32-block the exact integer
+    dots of its halves, then t = dot0 * dx0, t = fma(dot1, dx1, t), acc = fma(t, d, acc);
+    acc = fma(sx, m, acc), sx = fma(sum(xq1), dx1, sum(xq0) * dx0)."""
     rows, k = x.shape
-    xb = x.view(rows, k // 32, 32)
-    dx = xb.abs().amax(-1) / 127.0  # [rows, KB] fp32
+    xb = x.view(rows, k // 16, 16)
+    dx = xb.abs().amax(-1) / 127.0  # [rows, K/16] fp32
     safe = torch.where(dx == 0, torch.ones_like(dx), dx)
-    xq = torch.round(xb / safe[..., None]).clamp(-127, 127)  # [rows, KB, 32]
-    sx = (xq.sum(-1) * dx).float()  # fp32 product of an exact integer
-    dots = torch.einsum("rjk,njk->rnj", xq.double(), q.double().view(-1, k // 32, 32))
+    xq = torch.round(xb / safe[..., None]).clamp(-127, 127)  # [rows, K/16, 16]
+    s = xq.sum(-1)  # exact integers
+    s0 = (s[:, 0::2] * dx[:, 0::2]).float()  # fp32 product of an exact integer
+    sx = (s[:, 1::2].double() * dx[:, 1::2].double() + s0.double()).float()  # fma
+    dots = torch.einsum("rhk,nhk->rnh", xq.double(), q.double().view(-1, k // 16, 16))
     acc = torch.zeros(rows, q.shape[0], dtype=torch.float32)
     for j in range(k // 32):
-        scale = (dx[:, j:j + 1] * d[None, :, j]).float()  # fp32 product
-        acc = (dots[..., j] * scale.double() + acc.double()).float()  # one rounding: fma
+        t = (dots[..., 2 * j] * dx[:, 2 * j:2 * j + 1].double()).float()  # fp32 product
+        t = (dots[..., 2 * j + 1] * dx[:, 2 * j + 1:2 * j + 2].double() + t.double()).float()
+        acc = (t.double() * d[None, :, j].double() + acc.double()).float()  # one rounding: fma
         acc = (sx[:, j:j + 1].double() * m[None, :, j].double() + acc.double()).float()
     return acc + b
 

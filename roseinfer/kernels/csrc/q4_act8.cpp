@@ -1,13 +1,13 @@
 // Q4_1 / Q4_0 weights x int8 activations (see q4_act8.h): packing, the AVX2 kernel (vpmaddubsw
-// into int16, one vpmaddwd per block), the portable kernel (same results) and the
-// driver; the activations are quantized by act_quant.h.
+// into int16, one vpmaddwd per 16-value half), the 512-bit one (vpdpbusd), the portable
+// kernel (same results) and the driver; the activations are quantized by act_quant.h.
 #include "q4_act8.h"
 
 #include <cstring>
 #include <memory>
 
 #include "act_quant.h"
-#include "q4_act8_amx.h"
+#include "q4_act8_layout.h"
 #include "q8_tiles.h"
 #include "weight_memory.h"
 
@@ -45,7 +45,7 @@ inline float scale_at(const uint8_t* blk, bool nib, int which, int c) {  // 0: d
 void panels_scalar(const int8_t* xq, const float* dx, const float* sx, int64_t M, int64_t K,
                    const uint8_t* wp, bool nib, int offset, int64_t p0, int64_t p1,
                    const float* bias, float* y, int64_t N) {
-  const int64_t KB = K / kQ8Block, bb = block_bytes(nib, offset == 0);
+  const int64_t KB = K / kQ8Block, KH = 2 * KB, bb = block_bytes(nib, offset == 0);
   float acc[kQ8Panel];
   for (int64_t p = p0; p < p1; ++p) {
     for (int64_t m = 0; m < M; ++m) {
@@ -53,12 +53,14 @@ void panels_scalar(const int8_t* xq, const float* dx, const float* sx, int64_t M
       for (int64_t j = 0; j < KB; ++j) {
         const uint8_t* blk = wp + (p * KB + j) * bb;
         const int8_t* xr = xq + m * K + j * kQ8Block;
-        const float d = dx[m * KB + j];
+        const float d0 = dx[m * KH + 2 * j], d1 = dx[m * KH + 2 * j + 1];
         for (int c = 0; c < kQ8Panel; ++c) {
-          int32_t dot = 0;
+          int32_t dot[2] = {0, 0};
           for (int k = 0; k < kQ8Block; ++k)
-            dot += int32_t(xr[k]) * (weight_at(blk, nib, c, k) - offset);
-          acc[c] = std::fma(static_cast<float>(dot), d * scale_at(blk, nib, 0, c), acc[c]);
+            dot[k / 16] += int32_t(xr[k]) * (weight_at(blk, nib, c, k) - offset);
+          float t = static_cast<float>(dot[0]) * d0;
+          t = std::fma(static_cast<float>(dot[1]), d1, t);
+          acc[c] = std::fma(t, scale_at(blk, nib, 0, c), acc[c]);
           if (offset == 0) acc[c] = std::fma(sx[m * KB + j], scale_at(blk, nib, 1, c), acc[c]);
         }
       }
@@ -78,8 +80,9 @@ void panels_scalar(const int8_t* xq, const float* dx, const float* sx, int64_t M
 #define A8_HEAD_NIB                                                                       \
   "1:\n\tprefetcht0 1024(%[w])\n\tvmovdqu (%[w]), %%ymm12\n\tvpsrlw $4, %%ymm12, %%ymm13\n\t" \
   "vpand %[mask], %%ymm12, %%ymm12\n\tvpand %[mask], %%ymm13, %%ymm13\n\t"
-#define A8_TAIL_BYTES "add $64, %[w]\n\tadd $4, %[s]\n\tcmp $32, %[s]\n\tjne 1b\n\t"
-#define A8_TAIL_NIB "add $32, %[w]\n\tadd $4, %[s]\n\tcmp $32, %[s]\n\tjne 1b\n\t"
+// Tails: the half ends at activation byte END (16: half 0, 32: half 1).
+#define A8_TAIL_BYTES(END) "add $64, %[w]\n\tadd $4, %[s]\n\tcmp $" END ", %[s]\n\tjne 1b\n\t"
+#define A8_TAIL_NIB(END) "add $32, %[w]\n\tadd $4, %[s]\n\tcmp $" END ", %[s]\n\tjne 1b\n\t"
 #ifdef ROSEINFER_VNNI
 // VNNI: vpdpbusd adds each column's four products straight into int32 accumulators
 // (the block's exact dots: no int16 stage, no widening afterwards).
@@ -98,12 +101,13 @@ void panels_scalar(const int8_t* xq, const float* dx, const float* sx, int64_t M
 
 #ifdef ROSEINFER_AVX512
 // One 32-block on 512-bit registers: a step's 16 columns x 4 unsigned weights in one
-// register, one int32 accumulator per row, vpdpbusd (the block's exact dots).  Nibbles:
-// two steps (64 bytes) at once, their low (bytes 0-31 of a step) and high (32-63)
-// nibbles regrouped per step.
+// register, one int32 accumulator per row and 16-value half (z[h]: steps 4h .. 4h + 3),
+// vpdpbusd (the halves' exact dots).  Nibbles: two steps (64 bytes) at once, their low
+// (bytes 0-31 of a step) and high (32-63) nibbles regrouped per step.
 template <int MR, bool NIB>
-inline void block_int_zmm(const int8_t* const* xr, const uint8_t* wp, __m512i (&z)[MR]) {
+inline void block_int_zmm(const int8_t* const* xr, const uint8_t* wp, __m512i (&z)[2][MR]) {
   const __m512i nib = _mm512_set1_epi8(15);
+#pragma GCC unroll 4
   for (int s = 0; s < 8; s += 2) {
     __m512i w0, w1;
     if constexpr (NIB) {
@@ -119,9 +123,10 @@ inline void block_int_zmm(const int8_t* const* xr, const uint8_t* wp, __m512i (&
       w0 = _mm512_loadu_si512(wp + kStepBytes * s);
       w1 = _mm512_loadu_si512(wp + kStepBytes * s + kStepBytes);
     }
+    __m512i(&zh)[MR] = z[s / 4];
     for (int m = 0; m < MR; ++m) {
-      z[m] = _mm512_dpbusd_epi32(z[m], w0, bcast4(xr[m] + 4 * s));
-      z[m] = _mm512_dpbusd_epi32(z[m], w1, bcast4(xr[m] + 4 * s + 4));
+      zh[m] = _mm512_dpbusd_epi32(zh[m], w0, bcast4(xr[m] + 4 * s));
+      zh[m] = _mm512_dpbusd_epi32(zh[m], w1, bcast4(xr[m] + 4 * s + 4));
     }
   }
 }
@@ -132,14 +137,15 @@ inline void block_int_zmm(const int8_t* const* xr, const uint8_t* wp, __m512i (&
 template <int MR, bool NIB, bool OFF>
 void tile_zmm(const int8_t* xq, const float* dx, const float* sx, const int32_t* xs, int64_t K,
               const uint8_t* w, int64_t n0, const float* bias, float* y, int64_t N) {
-  const int64_t KB = K / kQ8Block;
+  const int64_t KB = K / kQ8Block, KH = 2 * KB;
   __m512 acc[MR];
   for (int m = 0; m < MR; ++m) acc[m] = _mm512_setzero_ps();
   for (int64_t j = 0; j < KB; ++j) {
-    __m512i z[MR];
+    __m512i z[2][MR];
     const int8_t* xr[MR];
     for (int m = 0; m < MR; ++m) {
-      z[m] = _mm512_setzero_si512();
+      // Q4_0: the dots with q - 8 start at -8 * the halves' exact activation sums.
+      for (int h = 0; h < 2; ++h) z[h][m] = _mm512_set1_epi32(OFF ? -8 * xs[m * KH + 2 * j + h] : 0);
       xr[m] = xq + m * K + j * kQ8Block;
     }
     const uint8_t* blk = w + j * block_bytes(NIB, !OFF);
@@ -147,8 +153,8 @@ void tile_zmm(const int8_t* xq, const float* dx, const float* sx, const int32_t*
     __m512 dw, mw;
     block_scales<NIB, OFF>(blk, dw, mw);
     for (int m = 0; m < MR; ++m)
-      acc[m] = block_step<OFF>(acc[m], z[m], dx[m * KB + j], sx[m * KB + j],
-                               OFF ? xs[m * KB + j] : 0, dw, mw);
+      acc[m] = block_step<OFF>(acc[m], z[0][m], z[1][m], dx[m * KH + 2 * j], dx[m * KH + 2 * j + 1],
+                               sx[m * KB + j], dw, mw);
   }
   alignas(64) float out[MR * kQ8Panel];
   for (int m = 0; m < MR; ++m) _mm512_store_ps(out + m * kQ8Panel, acc[m]);
@@ -156,14 +162,18 @@ void tile_zmm(const int8_t* xq, const float* dx, const float* sx, const int32_t*
 }
 #endif  // ROSEINFER_AVX512
 
+// One 16-value half h of a block (its four steps from wp, the block's first) into a.
 template <int MR, bool NIB>
-inline void block_int(const int8_t* const* xr, const uint8_t* wp, __m256i (&a)[MR][2]) {
-  int64_t s = 0;
+inline void block_half(const int8_t* const* xr, const uint8_t* wp, int h, __m256i (&a)[MR][2]) {
+  int64_t s = 16 * h;
+  wp += 4 * h * (NIB ? kNibStep : kStepBytes);
   const __m256i mask = _mm256_set1_epi8(15);
-  if constexpr (NIB) {
-    ROWTILE_ASM(A8_HEAD_NIB, A8_HEAD_NIB, A8_ROW, A8_TAIL_NIB)
+  if (h == 0) {
+    if constexpr (NIB) { ROWTILE_ASM(A8_HEAD_NIB, A8_HEAD_NIB, A8_ROW, A8_TAIL_NIB("16")) }
+    else { ROWTILE_ASM(A8_HEAD_BYTES, A8_HEAD_BYTES, A8_ROW, A8_TAIL_BYTES("16")) }
   } else {
-    ROWTILE_ASM(A8_HEAD_BYTES, A8_HEAD_BYTES, A8_ROW, A8_TAIL_BYTES)
+    if constexpr (NIB) { ROWTILE_ASM(A8_HEAD_NIB, A8_HEAD_NIB, A8_ROW, A8_TAIL_NIB("32")) }
+    else { ROWTILE_ASM(A8_HEAD_BYTES, A8_HEAD_BYTES, A8_ROW, A8_TAIL_BYTES("32")) }
   }
 }
 #undef A8_HEAD_BYTES
@@ -172,23 +182,46 @@ inline void block_int(const int8_t* const* xr, const uint8_t* wp, __m256i (&a)[M
 #undef A8_TAIL_NIB
 #undef A8_ROW
 
-// Rows [0, MR) x one panel (w: its first block) into y (+ bias).  OFF (Q4_0): the
-// widened dots start at -8 * xs (the block's exact activation sums), no minimum term.
+// Rows [0, MR) x one panel (w: its first block) into y (+ bias): per row and 16-value
+// half the int16 pair sums widened to its exact dots (VNNI: int32 already; OFF, Q4_0:
+// from -8 * the half's activation sum), then block_step's fp32 steps on 8 columns at a
+// time (t through memory between the halves: the registers hold one half's sums).
 template <int MR, bool NIB, bool OFF>
 void tile(const int8_t* xq, const float* dx, const float* sx, const int32_t* xs, int64_t K,
           const uint8_t* w, int64_t n0, const float* bias, float* y, int64_t N) {
-  const int64_t KB = K / kQ8Block;
+  const int64_t KB = K / kQ8Block, KH = 2 * KB;
   [[maybe_unused]] const __m256i ones = _mm256_set1_epi16(1);
   alignas(64) float acc[MR * kQ8Panel] = {};
+  alignas(64) float t[MR * kQ8Panel];
   for (int64_t j = 0; j < KB; ++j) {
-    __m256i a[MR][2];
     const int8_t* xr[MR];
-    for (int m = 0; m < MR; ++m) {
-      a[m][0] = a[m][1] = _mm256_setzero_si256();
-      xr[m] = xq + m * K + j * kQ8Block;
-    }
+    for (int m = 0; m < MR; ++m) xr[m] = xq + m * K + j * kQ8Block;
     const uint8_t* blk = w + j * block_bytes(NIB, !OFF);
-    block_int<MR, NIB>(xr, blk, a);
+    for (int h = 0; h < 2; ++h) {
+      __m256i a[MR][2];
+      for (int m = 0; m < MR; ++m) a[m][0] = a[m][1] = _mm256_setzero_si256();
+      block_half<MR, NIB>(xr, blk, h, a);
+      for (int m = 0; m < MR; ++m) {
+#ifdef ROSEINFER_VNNI
+        __m256i i0 = a[m][0], i1 = a[m][1];  // int32 already
+#else
+        __m256i i0 = _mm256_madd_epi16(a[m][0], ones), i1 = _mm256_madd_epi16(a[m][1], ones);
+#endif
+        if constexpr (OFF) {
+          const __m256i st = _mm256_set1_epi32(-8 * xs[m * KH + 2 * j + h]);
+          i0 = _mm256_add_epi32(i0, st), i1 = _mm256_add_epi32(i1, st);
+        }
+        const __m256 d = _mm256_set1_ps(dx[m * KH + 2 * j + h]);
+        float* tr = t + m * kQ8Panel;
+        if (h == 0) {
+          _mm256_store_ps(tr, _mm256_mul_ps(_mm256_cvtepi32_ps(i0), d));
+          _mm256_store_ps(tr + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(i1), d));
+        } else {
+          _mm256_store_ps(tr, _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), d, _mm256_load_ps(tr)));
+          _mm256_store_ps(tr + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), d, _mm256_load_ps(tr + 8)));
+        }
+      }
+    }
     __m256 dw0, dw1, mw0 = _mm256_setzero_ps(), mw1 = _mm256_setzero_ps();
     if constexpr (NIB) {
       const __m128i* hp = reinterpret_cast<const __m128i*>(blk + kNibScale);
@@ -203,24 +236,18 @@ void tile(const int8_t* xq, const float* dx, const float* sx, const int32_t* xs,
       dw0 = _mm256_loadu_ps(fp), dw1 = _mm256_loadu_ps(fp + 8);
       if constexpr (!OFF) mw0 = _mm256_loadu_ps(fp + 16), mw1 = _mm256_loadu_ps(fp + 24);
     }
-    for (int m = 0; m < MR; ++m) {  // int16 pair sums widened to the block's int32 dots
-#ifdef ROSEINFER_VNNI
-      const __m256i i0 = a[m][0], i1 = a[m][1];  // int32 already
-#else
-      const __m256i i0 = _mm256_madd_epi16(a[m][0], ones), i1 = _mm256_madd_epi16(a[m][1], ones);
-#endif
-      if constexpr (OFF) {
-        const __m256i st = _mm256_set1_epi32(-8 * xs[m * KB + j]);
-        float* ar = acc + m * kQ8Panel;
-        const __m256 d = _mm256_set1_ps(dx[m * KB + j]);
-        _mm256_store_ps(ar, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(i0, st)),
-                                            _mm256_mul_ps(d, dw0), _mm256_load_ps(ar)));
-        _mm256_store_ps(ar + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(i1, st)),
-                                                _mm256_mul_ps(d, dw1), _mm256_load_ps(ar + 8)));
-      } else {
-        add_q4_block(acc + m * kQ8Panel, i0, i1, dx[m * KB + j], sx[m * KB + j], dw0, dw1,
-                     mw0, mw1);
+    for (int m = 0; m < MR; ++m) {
+      float* ar = acc + m * kQ8Panel;
+      const float* tr = t + m * kQ8Panel;
+      __m256 r0 = _mm256_fmadd_ps(_mm256_load_ps(tr), dw0, _mm256_load_ps(ar));
+      __m256 r1 = _mm256_fmadd_ps(_mm256_load_ps(tr + 8), dw1, _mm256_load_ps(ar + 8));
+      if constexpr (!OFF) {
+        const __m256 sv = _mm256_set1_ps(sx[m * KB + j]);
+        r0 = _mm256_fmadd_ps(sv, mw0, r0);
+        r1 = _mm256_fmadd_ps(sv, mw1, r1);
       }
+      _mm256_store_ps(ar, r0);
+      _mm256_store_ps(ar + 8, r1);
     }
   }
   store_tile(acc, MR, n0, std::min<int64_t>(kQ8Panel, N - n0), bias, y, N);
@@ -312,57 +339,31 @@ void gemm_q4_act8(const uint8_t* bytes, const uint8_t* nibbles, int64_t N, int64
                   int offset) {
   TORCH_CHECK(offset == 0 || offset == 8, "gemm_q4_act8: offset 0 (Q4_1) or 8 (Q4_0)");
   if (M <= 0 || N == 0) return;
-  const int64_t KB = K / kQ8Block, NP = (N + kQ8Panel - 1) / kQ8Panel;
+  const int64_t KB = K / kQ8Block, KH = 2 * KB, NP = (N + kQ8Panel - 1) / kQ8Panel;
   std::unique_ptr<int8_t[]> xq(new int8_t[M * K]);
-  std::unique_ptr<float[]> dx(new float[M * KB]), sx(new float[M * KB]);
-  std::unique_ptr<int32_t[]> xs;  // Q4_0: each block's exact activation sum
-  if (offset) xs.reset(new int32_t[M * KB]);
-  quantize_rows(x, M, K, xq.get(), dx.get(), sx.get(), portable, xs.get());
+  std::unique_ptr<float[]> dx(new float[M * KH]), sx(new float[M * KB]);
+  std::unique_ptr<int32_t[]> xs;  // Q4_0: each 16-value half's exact activation sum
+  if (offset) xs.reset(new int32_t[M * KH]);
+  quantize_rows_act8(x, M, K, xq.get(), dx.get(), sx.get(), portable, xs.get());
   const bool nib = M <= kNibMaxRows || bytes == nullptr;  // same integers either way
   const uint8_t* wp = nib ? nibbles : bytes;
   const int64_t panel_bytes = KB * block_bytes(nib, offset == 0);
-  // Chunks of ~256 KB of rows, whole tiles (tile_order's tiles start at row 0).
-  const int64_t mc = std::max<int64_t>(kAmxRows, (int64_t(1) << 18) / K / kAmxRows * kAmxRows);
+  // Chunks of ~256 KB of rows.
+  const int64_t mc = std::max<int64_t>(kTileRows, (int64_t(1) << 18) / K);
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 17) / (M * K * kQ8Panel));
-#ifdef ROSEINFER_AMX
-  // Steps of 16 rows or more: whole 16-row tiles of each chunk on AMX, the rest on vectors.
-  const bool amx = !portable && M >= kAmxMinRows && amx_permitted();
-  std::vector<int8_t> xt;  // the whole tiles' activations in tile order
-  if (amx) {
-    xt.resize(M / kAmxRows * KB * act8::kTileBlock);
-    act8::tile_order(xq.get(), M, K, xt.data());
-  }
-#endif
   at::parallel_for(0, NP, grain, [&](int64_t p0, int64_t p1) {
 #ifdef ROSEINFER_AVX2
     if (!portable) {
-#ifdef ROSEINFER_AMX
-      std::unique_ptr<TileScope> tiles_on;
-      if (amx) tiles_on = std::make_unique<TileScope>(act8_tiles());
-#endif
       for (int64_t c0 = 0; c0 < M; c0 += mc) {
         const int64_t c1 = std::min(M, c0 + mc);
         for (int64_t p = p0; p < p1; ++p) {
           const uint8_t* panel = wp + p * panel_bytes;
           const int64_t n0 = p * kQ8Panel;
-          int64_t v0 = c0;  // the vector loops' first row
-#ifdef ROSEINFER_AMX
-          if (amx) {
-            const int64_t tiles = (c1 - c0) / kAmxRows;
-            const int8_t* xc = xt.data() + c0 / kAmxRows * KB * act8::kTileBlock;
-            const float *dc = dx.get() + c0 * KB, *sc = sx.get() + c0 * KB;
-            if (offset)
-              panel_amx<true>(nib, tiles, xc, dc, sc, xs.get() + c0 * KB, K, panel, n0, bias, y + c0 * N, N);
-            else
-              panel_amx<false>(nib, tiles, xc, dc, sc, nullptr, K, panel, n0, bias, y + c0 * N, N);
-            v0 = c0 + tiles * kAmxRows;
-          }
-#endif
-          for_row_tiles(v0, c1, kTileRows, [&](int64_t m, int64_t mr) {
+          for_row_tiles(c0, c1, kTileRows, [&](int64_t m, int64_t mr) {
             const int8_t* xm = xq.get() + m * K;
-            const float* dm = dx.get() + m * KB;
+            const float* dm = dx.get() + m * KH;
             const float* sm = sx.get() + m * KB;
-            if (offset) tile_any<true>(nib, mr, xm, dm, sm, xs.get() + m * KB, K, panel, n0, bias, y + m * N, N);
+            if (offset) tile_any<true>(nib, mr, xm, dm, sm, xs.get() + m * KH, K, panel, n0, bias, y + m * N, N);
             else tile_any<false>(nib, mr, xm, dm, sm, nullptr, K, panel, n0, bias, y + m * N, N);
           });
         }

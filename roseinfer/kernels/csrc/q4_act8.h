@@ -1,17 +1,23 @@
-// Q4_1 weights against 8-bit activations (the "int8" format's gate/up layers of a
-// Q4_1 model): y[M, N] = x[M, K] W^T + b with activations quantized per row
-// and 32-block to int8, dx = max|x| / 127, xq = rint(x / dx) clamped to [-127, 127]
-// (dx = 0: zeros), and per output element and block, as the int16 kernel (q8_gemm.h):
-//   acc = fma(float(dot_j), dx[m, j] * d[n, j], acc);
-//   acc = fma(sx[m, j], m[n, j], acc)
-// with dot_j the exact int32 dot of the j-th 32-blocks of xq[m] and q[n] (q in [0, 15])
-// and sx = float(sum of the block's xq) * dx[m, j].  Integer sums are exact, so a row's
-// result never depends on M, its position, the tiling or the ISA path.
+// Q4_1 weights against 8-bit activations (act8 layers: ``quantize.ACT8_LAYERS``; also a
+// GGUF's Q4_0 parts there): y[M, N] = x[M, K] W^T + b with activations quantized per row
+// and 16 values to int8, dx = max|x| / 127, xq = rint(x / dx) clamped to [-127, 127]
+// (dx = 0: zeros; act_quant.h, quantize_rows_act8), and per output element and 32-block j
+// (weight scale d, minimum m):
+//   t = float(dot0) * dx0;  t = fma(float(dot1), dx1, t);  acc = fma(t, d[n, j], acc);
+//   acc = fma(sx[m, j], m[n, j], acc)                 (Q4_1)
+// with dot0 / dot1 the exact int32 dots of the block's two 16-value halves of xq[m] and q
+// (q in [0, 15]; Q4_0: q - 8), dx0 / dx1 their scales and sx = fma(float(s1), dx1,
+// float(s0) * dx0) (s0 / s1 the halves' exact xq sums).  One scale per 16 activations,
+// not 32: with 32 the default model lost its everyday chat answers (docs/performance.md,
+// "8-bit activations in 16-value blocks").  Integer sums are exact, so a row's result
+// never depends on M, its position, the tiling or the ISA path.
 // AVX2: vpmaddubsw multiplies 32 unsigned weights by 32 signed activations and adds
-// pairs into int16 (|pair| <= 2 * 15 * 127); a block's 8 steps add up in int16
-// (<= 30480, exact) before one vpmaddwd widens them: half the instructions per
-// multiply-add of the int16 kernel.  Steps of up to 4 rows read nibbles (0.625 bytes a
-// weight), larger ones whole bytes (no unpacking); the integers are the same.
+// pairs into int16 (|pair| <= 2 * 15 * 127); a half's 4 steps add up in int16 (<= 15240,
+// exact) before one vpmaddwd widens them; VNNI / AVX-512: vpdpbusd into int32.  Half the
+// instructions per multiply-add of the int16 kernels.  Steps of up to 4 rows read
+// nibbles (0.625 bytes a weight), larger ones whole bytes (no unpacking); the integers
+// are the same.  (Sapphire Rapids' AMX tiles computed the 32-value blocks of the
+// previous form; they are not run for this one until reworked on such a machine.)
 #pragma once
 
 #include "q8_gemm.h"

@@ -1,8 +1,6 @@
-// The packed block layouts of q4_act8.h (bytes and nibbles), shared by its vector
-// loops (q4_act8.cpp) and its AMX tiles (q4_act8_amx.h).
+// The packed block layouts of q4_act8.h (bytes and nibbles) and its loops' fp32 step.
 #pragma once
 
-#include "gguf_tiles.h"
 #include "q8_gemm.h"
 
 namespace roseinfer {
@@ -36,16 +34,18 @@ inline void block_scales(const uint8_t* blk, __m512& dw, __m512& mw) {
   }
 }
 
-// One row's fp32 steps for a block on 16 columns (q4_act8.h): z the block's exact dots
-// with q, d / s / t the row's dx, sx and exact activation sum for the block.
-// The GGUF GEMM's step (gguf_tiles.h) on the dots with q (Q4_1) or q - 8 (Q4_0).
+// One row's fp32 steps for a 32-block on 16 columns (q4_act8.h): z0 / z1 the exact dots
+// of its two 16-value halves (Q4_0: with q - 8), d0 / d1 the halves' dx, s the block's
+// sx: t = float(z0) * d0, t = fma(float(z1), d1, t), acc = fma(t, dw, acc), then (Q4_1)
+// acc = fma(s, mw, acc).
 template <bool OFF>
-inline __m512 block_step(__m512 acc, __m512i z, float d, float s, int32_t t, __m512 dw,
-                         __m512 mw) {
-  if constexpr (OFF)
-    return roseinfer::block_step<false>(acc, _mm512_add_epi32(z, _mm512_set1_epi32(-8 * t)), d,
-                                        0.f, dw, dw);
-  return roseinfer::block_step<true>(acc, z, d, s, dw, mw);
+inline __m512 block_step(__m512 acc, __m512i z0, __m512i z1, float d0, float d1, float s,
+                         __m512 dw, __m512 mw) {
+  __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(z0), _mm512_set1_ps(d0));
+  t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(z1), _mm512_set1_ps(d1), t);
+  acc = _mm512_fmadd_ps(t, dw, acc);
+  if constexpr (!OFF) acc = _mm512_fmadd_ps(_mm512_set1_ps(s), mw, acc);
+  return acc;
 }
 #endif  // ROSEINFER_AVX512
 
