@@ -8,7 +8,8 @@ variants with each other.  On the machine it runs on it builds each variant that
 CPU can run (``ROSEINFER_KERNEL_CFLAGS``: ``-DROSEINFER_NO_VNNI`` for the AVX2 loops,
 ``-DROSEINFER_NO_AVX512`` for 256-bit VNNI, ``-mno-avxvnni`` for AVX-512 VNNI's
 encoding, ``-DROSEINFER_NO_AMX`` for the vector loops where the native build uses AMX
-tiles, and the native build), runs a fixed set of kernel calls in a fresh process per
+tiles, ``-march=x86-64-v3`` / ``-v4`` for another CPU's build of the same code: the
+compiler's tuning must not change a bit, and the native build), runs a fixed set of kernel calls in a fresh process per
 variant (attention over fp32 / fp16 / int8 caches, decode rows and prefill chunks, the int8, Q4_1, act8 and GGUF GEMMs
 at 1-83 rows) and prints one digest per variant; exit status 1 if they differ.
 A second digest covers the default model end to end (``model_digest``: the logits of
@@ -37,6 +38,10 @@ VARIANTS = {
     "vnni256": "-DROSEINFER_NO_AVX512",
     "vnni-evex": "-mno-avxvnni",
     "no-amx": "-DROSEINFER_NO_AMX",
+    # Other CPUs' builds (a later -march wins): their compilers' tuning, vector widths
+    # and FMA contraction must not change a bit either.
+    "x86-64-v3": "-march=x86-64-v3",
+    "x86-64-v4": "-march=x86-64-v4",
 }
 
 
@@ -50,7 +55,9 @@ def _flags() -> str:
 def runnable() -> list[str]:
     """The variants this CPU can run (each differs from the native build only here)."""
     flags = set(_flags().split())
-    names = ["native", "avx2"]
+    names = ["native", "avx2", "x86-64-v3"]
+    if {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"} <= flags:
+        names.append("x86-64-v4")
     if "avx512_vnni" in flags or "avx_vnni" in flags:
         names.append("vnni256")
     if "avx_vnni" in flags and "avx512_vnni" in flags and "avx512vl" in flags:

@@ -73,11 +73,16 @@ def sources() -> list[Path]:
     return sorted(CSRC.glob("*.cpp"))
 
 
+# Sources whose plain C++ arithmetic must round alike everywhere, so no mul + add is
+# contracted into an FMA there (GCC contracts by default in C++, and whether it does
+# depends on the target's tuning: -march=znver4 and -march=icelake-server builds of the
+# row ops gave other bits): the int8 KV attention's two implementations, the row ops.
+_NO_CONTRACT = frozenset({"attention_q8.cpp", "rowops.cpp"})
+
+
 def _file_flags(src: Path) -> list[str]:
-    """Flags of one source beyond the common ones: the int8 KV attention's two
-    implementations must round alike, so no mul + add is contracted into an FMA there
-    (GCC contracts by default in C++)."""
-    return ["-ffp-contract=off"] if src.name == "attention_q8.cpp" else []
+    """Flags of one source beyond the common ones (``_NO_CONTRACT``)."""
+    return ["-ffp-contract=off"] if src.name in _NO_CONTRACT else []
 
 
 def _flags() -> tuple[str, list[str], list[str]]:

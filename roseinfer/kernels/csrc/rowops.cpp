@@ -5,14 +5,27 @@
 
 namespace roseinfer {
 
+// The sum of x[i]^2 in one fixed order on every machine: 16 lanes (lane l: fma(x[i],
+// x[i], .) over i = l mod 16, in order), then halves added (l + 8, + 4, + 2, + 1).  A
+// vectorized reduction (omp simd) summed in whatever width the compiler's target chose,
+// so the same model gave other logits on another CPU.
+static inline float sum_squares(const float* x, int64_t n) {
+  float p[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int l = 0; l < 16; ++l) p[l] = std::fma(x[i + l], x[i + l], p[l]);
+  for (int l = 0; i + l < n; ++l) p[l] = std::fma(x[i + l], x[i + l], p[l]);
+  for (int w = 8; w >= 1; w /= 2)
+    for (int l = 0; l < w; ++l) p[l] += p[l + w];
+  return p[0];
+}
+
 // y = w * (x * rsqrt(mean(x^2) + eps)), like transformers' LlamaRMSNorm in fp32.
 void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * n;
     float* yr = y + r * n;
-    float ss = 0.f;
-#pragma omp simd reduction(+ : ss)
-    for (int64_t i = 0; i < n; ++i) ss += xr[i] * xr[i];
+    const float ss = sum_squares(xr, n);
     const float inv = 1.f / std::sqrt(ss / (float)n + eps);
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) yr[i] = w[i] * (xr[i] * inv);
