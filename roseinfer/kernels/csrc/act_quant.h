@@ -15,48 +15,49 @@
 
 namespace roseinfer {
 
-template <typename T>
-inline void quantize_block_scalar(const float* x, T* q, float* d, float* sum, int32_t* isum) {
+// N values of x -> q with d = max|x| / qmax (T's largest value); returns q's exact sum.
+template <typename T, int N>
+inline int32_t quantize_scalar(const float* x, T* q, float* d) {
   constexpr float qmax = std::numeric_limits<T>::max();
   float amax = 0.f;
-  for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+  for (int i = 0; i < N; ++i) amax = std::max(amax, std::fabs(x[i]));
   const float dx = amax / qmax;
   *d = dx;
   int32_t total = 0;
-  for (int i = 0; i < 32; ++i) {
+  for (int i = 0; i < N; ++i) {
     const float v = dx == 0.f ? 0.f : std::nearbyint(x[i] / dx);
     q[i] = static_cast<T>(std::min(qmax, std::max(-qmax, v)));
     total += q[i];
   }
-  *sum = static_cast<float>(total) * dx;
+  return total;
+}
+
+template <typename T>
+inline void quantize_block_scalar(const float* x, T* q, float* d, float* sum, int32_t* isum) {
+  const int32_t total = quantize_scalar<T, 32>(x, q, d);
+  *sum = static_cast<float>(total) * *d;
   if (isum) *isum = total;
 }
 
 #ifdef ROSEINFER_AVX2
-// The 32 values r[0..3] (int32 lanes, in order) stored as int16 / int8: the packs work
-// per 128-bit lane, so permutations restore the element order.
+// The 32 values r[0..3] (int32 lanes, in order) stored as int16: the packs work per
+// 128-bit lane, so a permutation restores the element order.
 inline void store_block(const __m256i (&r)[4], int16_t* q) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
                       _mm256_permute4x64_epi64(_mm256_packs_epi32(r[0], r[1]), 0xD8));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 16),
                       _mm256_permute4x64_epi64(_mm256_packs_epi32(r[2], r[3]), 0xD8));
 }
-inline void store_block(const __m256i (&r)[4], int8_t* q) {
-  const __m256i w01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(r[0], r[1]), 0xD8);
-  const __m256i w23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(r[2], r[3]), 0xD8);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
-                      _mm256_permute4x64_epi64(_mm256_packs_epi16(w01, w23), 0xD8));
-}
 
-template <typename T>
-inline void quantize_block_avx2(const float* x, T* q, float* d, float* sum, int32_t* isum) {
-  constexpr float qmax = std::numeric_limits<T>::max();
+// quantize_scalar on NV vectors of 8 values at x: r the rounded, clamped values (int32).
+template <int NV>
+inline int32_t quantize_vectors(const float* x, float qmax, float* d, __m256i (&r)[NV]) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  __m256 v[4];
-  for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(x + 8 * i);
-  const __m256 m = _mm256_max_ps(
-      _mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
-      _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
+  __m256 v[NV], m = _mm256_setzero_ps();  // max is exact: any order gives the same
+  for (int i = 0; i < NV; ++i) {
+    v[i] = _mm256_loadu_ps(x + 8 * i);
+    m = _mm256_max_ps(m, _mm256_and_ps(v[i], abs_mask));
+  }
   __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
   h = _mm_max_ps(h, _mm_movehl_ps(h, h));
   h = _mm_max_ss(h, _mm_movehdup_ps(h));
@@ -64,18 +65,24 @@ inline void quantize_block_avx2(const float* x, T* q, float* d, float* sum, int3
   *d = dx;
   const __m256 dv = _mm256_set1_ps(dx == 0.f ? 1.f : dx);  // dx = 0: x = 0, so q = 0
   const __m256 lo = _mm256_set1_ps(-qmax), hi = _mm256_set1_ps(qmax);
-  __m256i r[4];
-  for (int i = 0; i < 4; ++i) {
-    const __m256 t = _mm256_round_ps(_mm256_div_ps(v[i], dv),
+  __m256i t = _mm256_setzero_si256();
+  for (int i = 0; i < NV; ++i) {
+    const __m256 q = _mm256_round_ps(_mm256_div_ps(v[i], dv),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    r[i] = _mm256_cvtps_epi32(_mm256_min_ps(hi, _mm256_max_ps(lo, t)));
+    r[i] = _mm256_cvtps_epi32(_mm256_min_ps(hi, _mm256_max_ps(lo, q)));
+    t = _mm256_add_epi32(t, r[i]);
   }
-  const __m256i t = _mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3]));
   __m128i h4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
   h4 = _mm_add_epi32(h4, _mm_shuffle_epi32(h4, 0x4E));
   h4 = _mm_add_epi32(h4, _mm_shuffle_epi32(h4, 0xB1));
-  const int32_t total = _mm_cvtsi128_si32(h4);
-  *sum = static_cast<float>(total) * dx;
+  return _mm_cvtsi128_si32(h4);
+}
+
+template <typename T>
+inline void quantize_block_avx2(const float* x, T* q, float* d, float* sum, int32_t* isum) {
+  __m256i r[4];
+  const int32_t total = quantize_vectors<4>(x, std::numeric_limits<T>::max(), d, r);
+  *sum = static_cast<float>(total) * *d;
   if (isum) *isum = total;
   store_block(r, q);
 }
@@ -104,52 +111,19 @@ void quantize_rows(const float* x, int64_t M, int64_t K, T* q, float* dx, float*
 }
 
 // The act8 format's activations (q4_act8.h): each 16 values of a row get their own dx =
-// max|x| / 127 and xq = rint(x / dx) clamped to [-127, 127] (dx = 0: zeros); returns the
-// exact sum of the 16 xq.  Scalar and AVX2 give the same values (as above).
-inline int32_t quantize16_scalar(const float* x, int8_t* q, float* d) {
-  constexpr float qmax = 127.f;
-  float amax = 0.f;
-  for (int i = 0; i < 16; ++i) amax = std::max(amax, std::fabs(x[i]));
-  const float dx = amax / qmax;
-  *d = dx;
-  int32_t total = 0;
-  for (int i = 0; i < 16; ++i) {
-    const float v = dx == 0.f ? 0.f : std::nearbyint(x[i] / dx);
-    q[i] = static_cast<int8_t>(std::min(qmax, std::max(-qmax, v)));
-    total += q[i];
-  }
-  return total;
-}
-
+// max|x| / 127 and xq = rint(x / dx) clamped to [-127, 127] (dx = 0: zeros):
+// quantize_scalar<int8_t, 16> or quantize16_avx2 (the same values), which return the
+// exact sum of the 16 xq.
 #ifdef ROSEINFER_AVX2
 inline int32_t quantize16_avx2(const float* x, int8_t* q, float* d) {
-  constexpr float qmax = 127.f;
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  const __m256 v[2] = {_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8)};
-  const __m256 m = _mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask));
-  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_max_ss(h, _mm_movehdup_ps(h));
-  const float dx = _mm_cvtss_f32(h) / qmax;
-  *d = dx;
-  const __m256 dv = _mm256_set1_ps(dx == 0.f ? 1.f : dx);  // dx = 0: x = 0, so q = 0
-  const __m256 lo = _mm256_set1_ps(-qmax), hi = _mm256_set1_ps(qmax);
   __m256i r[2];
-  for (int i = 0; i < 2; ++i) {
-    const __m256 t = _mm256_round_ps(_mm256_div_ps(v[i], dv),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    r[i] = _mm256_cvtps_epi32(_mm256_min_ps(hi, _mm256_max_ps(lo, t)));
-  }
-  const __m256i t = _mm256_add_epi32(r[0], r[1]);
-  __m128i h4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
-  h4 = _mm_add_epi32(h4, _mm_shuffle_epi32(h4, 0x4E));
-  h4 = _mm_add_epi32(h4, _mm_shuffle_epi32(h4, 0xB1));
+  const int32_t total = quantize_vectors<2>(x, 127.f, d, r);
   // int32 -> int16 (the pack works per 128-bit lane: the permutation restores the order)
   // -> int8.
   const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(r[0], r[1]), 0xD8);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q),
                    _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)));
-  return _mm_cvtsi128_si32(h4);
+  return total;
 }
 #endif
 
@@ -168,7 +142,7 @@ inline void quantize_rows_act8(const float* x, int64_t M, int64_t K, int8_t* q, 
         if (!portable) s[h] = quantize16_avx2(x + 16 * i, q + 16 * i, dx + i);
         else
 #endif
-          s[h] = quantize16_scalar(x + 16 * i, q + 16 * i, dx + i);
+          s[h] = quantize_scalar<int8_t, 16>(x + 16 * i, q + 16 * i, dx + i);
         if (si) si[i] = s[h];
       }
       sx[b] = std::fma(static_cast<float>(s[1]), dx[2 * b + 1], static_cast<float>(s[0]) * dx[2 * b]);
