@@ -131,9 +131,9 @@ inline void block_int_zmm(const int8_t* const* xr, const uint8_t* wp, __m512i (&
   }
 }
 
-// tile (below) on 512-bit registers: per row one integer and one fp32 accumulator
-// register (16 columns), the same fp32 operations per column in the same order (the
-// same bits).
+// tile (below) on 512-bit registers: per row two integer accumulators (one per 16-value
+// half) and one fp32 one (16 columns), the same fp32 operations per column in the same
+// order (the same bits).
 template <int MR, bool NIB, bool OFF>
 void tile_zmm(const int8_t* xq, const float* dx, const float* sx, const int32_t* xs, int64_t K,
               const uint8_t* w, int64_t n0, const float* bias, float* y, int64_t N) {
