@@ -134,15 +134,17 @@ inline int32_t quantize16_avx2(const float* x, int8_t* q, float* d) {
 inline void quantize_rows_act8(const float* x, int64_t M, int64_t K, int8_t* q, float* dx,
                                float* sx, bool portable, int32_t* si = nullptr) {
   const int64_t KB = K / kQ8Block;
+  const auto quantize16 = [portable](const float* xv, int8_t* qv, float* d) {
+#ifdef ROSEINFER_AVX2
+    if (!portable) return quantize16_avx2(xv, qv, d);
+#endif
+    return quantize_scalar<int8_t, 16>(xv, qv, d);
+  };
   at::parallel_for(0, M * KB, 4096, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       int32_t s[2];
       for (int64_t h = 0, i = 2 * b; h < 2; ++h, ++i) {
-#ifdef ROSEINFER_AVX2
-        if (!portable) s[h] = quantize16_avx2(x + 16 * i, q + 16 * i, dx + i);
-        else
-#endif
-          s[h] = quantize_scalar<int8_t, 16>(x + 16 * i, q + 16 * i, dx + i);
+        s[h] = quantize16(x + 16 * i, q + 16 * i, dx + i);
         if (si) si[i] = s[h];
       }
       sx[b] = std::fma(static_cast<float>(s[1]), dx[2 * b + 1], static_cast<float>(s[0]) * dx[2 * b]);

@@ -80,9 +80,9 @@ void panels_scalar(const int8_t* xq, const float* dx, const float* sx, int64_t M
 #define A8_HEAD_NIB                                                                       \
   "1:\n\tprefetcht0 1024(%[w])\n\tvmovdqu (%[w]), %%ymm12\n\tvpsrlw $4, %%ymm12, %%ymm13\n\t" \
   "vpand %[mask], %%ymm12, %%ymm12\n\tvpand %[mask], %%ymm13, %%ymm13\n\t"
-// Tails: the half ends at activation byte END (16: half 0, 32: half 1).
-#define A8_TAIL_BYTES(END) "add $64, %[w]\n\tadd $4, %[s]\n\tcmp $" END ", %[s]\n\tjne 1b\n\t"
-#define A8_TAIL_NIB(END) "add $32, %[w]\n\tadd $4, %[s]\n\tcmp $" END ", %[s]\n\tjne 1b\n\t"
+// Tails: a half is four steps (16 activation bytes).
+#define A8_TAIL_BYTES "add $64, %[w]\n\tadd $4, %[s]\n\tcmp $16, %[s]\n\tjne 1b\n\t"
+#define A8_TAIL_NIB "add $32, %[w]\n\tadd $4, %[s]\n\tcmp $16, %[s]\n\tjne 1b\n\t"
 #ifdef ROSEINFER_VNNI
 // VNNI: vpdpbusd adds each column's four products straight into int32 accumulators
 // (the block's exact dots: no int16 stage, no widening afterwards).
@@ -162,18 +162,16 @@ void tile_zmm(const int8_t* xq, const float* dx, const float* sx, const int32_t*
 }
 #endif  // ROSEINFER_AVX512
 
-// One 16-value half h of a block (its four steps from wp, the block's first) into a.
+// One 16-value half of a block into a: its four steps from wp, the rows' 16 activations
+// from xr.
 template <int MR, bool NIB>
-inline void block_half(const int8_t* const* xr, const uint8_t* wp, int h, __m256i (&a)[MR][2]) {
-  int64_t s = 16 * h;
-  wp += 4 * h * (NIB ? kNibStep : kStepBytes);
+inline void block_half(const int8_t* const* xr, const uint8_t* wp, __m256i (&a)[MR][2]) {
+  int64_t s = 0;
   const __m256i mask = _mm256_set1_epi8(15);
-  if (h == 0) {
-    if constexpr (NIB) { ROWTILE_ASM(A8_HEAD_NIB, A8_HEAD_NIB, A8_ROW, A8_TAIL_NIB("16")) }
-    else { ROWTILE_ASM(A8_HEAD_BYTES, A8_HEAD_BYTES, A8_ROW, A8_TAIL_BYTES("16")) }
+  if constexpr (NIB) {
+    ROWTILE_ASM(A8_HEAD_NIB, A8_HEAD_NIB, A8_ROW, A8_TAIL_NIB)
   } else {
-    if constexpr (NIB) { ROWTILE_ASM(A8_HEAD_NIB, A8_HEAD_NIB, A8_ROW, A8_TAIL_NIB("32")) }
-    else { ROWTILE_ASM(A8_HEAD_BYTES, A8_HEAD_BYTES, A8_ROW, A8_TAIL_BYTES("32")) }
+    ROWTILE_ASM(A8_HEAD_BYTES, A8_HEAD_BYTES, A8_ROW, A8_TAIL_BYTES)
   }
 }
 #undef A8_HEAD_BYTES
@@ -194,13 +192,15 @@ void tile(const int8_t* xq, const float* dx, const float* sx, const int32_t* xs,
   alignas(64) float acc[MR * kQ8Panel] = {};
   alignas(64) float t[MR * kQ8Panel];
   for (int64_t j = 0; j < KB; ++j) {
-    const int8_t* xr[MR];
-    for (int m = 0; m < MR; ++m) xr[m] = xq + m * K + j * kQ8Block;
     const uint8_t* blk = w + j * block_bytes(NIB, !OFF);
     for (int h = 0; h < 2; ++h) {
+      const int8_t* xr[MR];
       __m256i a[MR][2];
-      for (int m = 0; m < MR; ++m) a[m][0] = a[m][1] = _mm256_setzero_si256();
-      block_half<MR, NIB>(xr, blk, h, a);
+      for (int m = 0; m < MR; ++m) {
+        xr[m] = xq + m * K + j * kQ8Block + 16 * h;
+        a[m][0] = a[m][1] = _mm256_setzero_si256();
+      }
+      block_half<MR, NIB>(xr, blk + 4 * h * (NIB ? kNibStep : kStepBytes), a);
       for (int m = 0; m < MR; ++m) {
 #ifdef ROSEINFER_VNNI
         __m256i i0 = a[m][0], i1 = a[m][1];  // int32 already
