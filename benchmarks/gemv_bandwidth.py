@@ -29,7 +29,7 @@ from roseinfer.kernels.gguf import make_gguf_linear
 from roseinfer.model.quantize import ACT8_LAYERS
 
 # (K, N, layer): the 1B model's qkv, o, gate_up, down and LM head; a layer named in
-# quantize.ACT8_LAYERS (none since 11-28) runs with int8 activations, as in the model.
+# quantize.ACT8_LAYERS (gate/up) runs with int8 activations, as in the model.
 SHAPES = [(2048, 3072, "qkv_proj"), (2048, 2048, "o_proj"), (2048, 16384, "gate_up_proj"),
           (8192, 2048, "down_proj"), (2048, 49152, "lm_head")]
 ACT8_TYPES = ("Q4_0", "Q4_1")

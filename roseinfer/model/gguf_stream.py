@@ -25,7 +25,7 @@ logged; as stored they read 2 bytes per weight, Q8_0 1.06).  Q4_1 parts of act8 
 ``EXTRA_COPY_SHARE`` of the file: the memory target is 1.15 x the file + 0.35 GB, and the
 default model (98 MB, 53 M such weights) measures 427 MB RSS without them (target: 463
 MB).  Other Q4_1 layers run the GGUF panels (nibbles at every row count, no copy).
-Layers named by ``act8_layer`` (none by default, quantize.ACT8_LAYERS) take int8
+Layers named by ``act8_layer`` (gate/up, quantize.ACT8_LAYERS) take int8
 activations where their parts are Q4_1 or Q4_0
 (``csrc/q4_act8.h``; a Q4_0 file's parts read their nibbles at every step, never a copy).
 """

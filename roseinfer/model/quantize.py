@@ -46,9 +46,11 @@ activation scale per tensor) wrecks the default model (BENCHMARKS.md), per-token
 scales with per-channel weights measured top-1 agreement 91.4% (7-bit: 87.0%), and 8-bit
 activations with one scale per 32 values of a row (llama.cpp's Q8_0 x Q8_0) measured
 96.5%, below the 98% gate.  int8 activations in front of gate/up alone, where their
-weights are Q4_1 (or a GGUF's Q4_0 parts), measured 98.31% top-1 and -0.10% perplexity
-(``kernels/csrc/q4_act8.h``, twice the multiply-adds per instruction) but lost the
-everyday chat answers on one machine (``ACT8_LAYERS``), so no layer takes them now.
+weights are Q4_1 (or a GGUF's Q4_0 parts), with one scale per 16 values of a row
+(``kernels/csrc/q4_act8.h``, twice the multiply-adds per instruction, ``ACT8_LAYERS``)
+measure 98.94% top-1 and -0.11% perplexity on the default model, and 13 of the 14
+everyday chat answers as fp32's, Paris named (with one scale per 32 values they lost
+Paris: docs/performance.md, "8-bit activations in front of gate/up again").
 """
 
 from __future__ import annotations
@@ -60,15 +62,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-# Layers whose Q4_1 (or GGUF Q4_0) weights meet int8 activations (``act8_layer``): none
-# by default since 11-28.  With gate/up here the default model fails the quality gate's
-# everyday chat answers on an AMD Zen 4 (AVX-512, no AMX): 11 of 14 as fp32, "What is the
-# capital of France?" answered "L'Étoile, la Marseillaise, ..." (every kernel variant
-# there gives the same bits); int16 activations everywhere answer 14 of 14 there.  The
-# kernels (csrc/q4_act8.h, now one scale per 16 activations: better, not yet enough;
-# docs/performance.md, "8-bit activations in 16-value blocks") stay, tested, for a
-# rework that passes on every machine.
-ACT8_LAYERS: frozenset[str] = frozenset()
+# Layers whose Q4_1 (or GGUF Q4_0) weights meet int8 activations (``act8_layer``), one
+# scale per 16 of a row's values: gate/up, 40% of a SmolLM2 token's multiply-adds, where
+# they make prefill and batched decode 10-30% faster on AVX-512 VNNI (docs/performance.md,
+# "8-bit activations in front of gate/up again").  The quality gate passes with them on
+# every x86 CPU alike (the same bits everywhere since 11-29): top-1 98.94%, perplexity
+# -0.11%, 13 of 14 everyday answers as fp32's, Paris named.  From 11-28 to 11-29 none
+# took them: with one scale per 32 values, and rms_norm's bits then depending on the
+# CPU, a Zen 4 answered the Paris question "L'Étoile, la Marseillaise, ...".
+ACT8_LAYERS: frozenset[str] = frozenset({"gate_up_proj"})
 
 QUANTIZATIONS = ("none", "fp16", "fp16+bf16", "int8", "q4_0")
 # Formats whose layers are the C++ kernels' integer ones (int8 / Q4_1 / GGUF parts;
@@ -199,12 +201,11 @@ def linear_format(quantization: str) -> LinearFormat:
 
 def act8_layer(path: str) -> bool:
     """Whether the layer at ``path`` takes int8 activations when its weights are Q4_1 (or,
-    in a GGUF used as stored, Q4_0 parts): its name in ``ACT8_LAYERS`` (empty: none
-    does).  With gate/up (csrc/q4_act8.h: twice the multiply-adds per instruction, on 40%
-    of a SmolLM2 token's) the default model's top-1 gate passed (98.31%, perplexity
-    -0.10%; o + gate/up 98.31%, +0.14%, no faster; q/k/v added 97.78%, failing) and its
-    everyday chat answers passed on some machines and failed on a Zen 4 (11 of 14, Paris
-    lost: docs/performance.md)."""
+    in a GGUF used as stored, Q4_0 parts): its name in ``ACT8_LAYERS`` (gate/up).  With
+    gate/up (csrc/q4_act8.h: twice the multiply-adds per instruction, on 40% of a SmolLM2
+    token's) the default model passes the quality gate (98.94% top-1, perplexity -0.11%,
+    13 of 14 chat answers, Paris); adding o measured 12 of 14 in the kernel path, q/k/v
+    failed top-1 (97.78% with 32-value scales: docs/performance.md)."""
     return path.rsplit(".", 1)[-1] in ACT8_LAYERS
 
 
