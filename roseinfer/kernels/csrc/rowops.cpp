@@ -5,6 +5,10 @@
 
 namespace roseinfer {
 
+// Rows a thread takes at least in the row ops below (which thread runs a row never
+// changes a value): a decode step of 16 rows over 2 threads.
+constexpr int64_t kRopeGrain = 8, kNormGrain = 8;
+
 // The sum of x[i]^2 in one fixed order on every machine: 16 lanes (lane l: fma(x[i],
 // x[i], .) over i = l mod 16, in order), then halves added (l + 8, + 4, + 2, + 1).  A
 // vectorized reduction (omp simd) summed in whatever width the compiler's target chose,
@@ -35,7 +39,7 @@ void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n,
 // h += t, then y = rms_norm(h) * w; rows split over the threads.
 void add_rms_norm(float* h, const float* t, const float* w, float* y, int64_t rows, int64_t n,
                   float eps) {
-  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+  at::parallel_for(0, rows, kNormGrain, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       float* hr = h + r * n;
       const float* tr = t + r * n;
@@ -98,6 +102,11 @@ static inline void store_row(at::Half* dst, const float* src, int64_t n) {
   for (; i < n; ++i) dst[i] = static_cast<at::Half>(src[i]);
 }
 
+// The cache lines of [p, p + bytes) fetched for writing (a hint: no value changes).
+static inline void fetch_for_write(const void* p, int64_t bytes) {
+  for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(static_cast<const char*>(p) + i, 1, 3);
+}
+
 // Rotary on q and k of every row (in place), K/V into their cache slots, and q copied to
 // q_out [B, H, Dh] unless q_out is null.
 template <typename KV>
@@ -105,7 +114,16 @@ void rope_and_store(float* qkv, int64_t B, int64_t H, int64_t Hkv, int64_t Dh,
                            const int64_t* pos, const int64_t* slots, const float* cos_sin,
                            float* q_out, KV* kc, KV* vc) {
   const int64_t q_size = H * Dh, kv_size = Hkv * Dh, qkv_size = q_size + 2 * kv_size;
-  at::parallel_for(0, B, 16, [&](int64_t b0, int64_t e0) {
+  // A decode step's slots are cold, a few lines a sequence, scattered: the range's are
+  // fetched for writing first, so that their misses overlap.  With 8-row ranges and
+  // the norms' too, a batch-16 step of the default model: K/V writes 1.13 -> 0.99 ms,
+  // norms 1.01 -> 0.78 ms, the step 22.5 -> 22.0 ms (stack timers, 10 interleaved
+  // rounds in one process).
+  at::parallel_for(0, B, kRopeGrain, [&](int64_t b0, int64_t e0) {
+    for (int64_t b = b0; b < e0; ++b) {
+      fetch_for_write(kc + slots[b] * kv_size, kv_size * (int64_t)sizeof(KV));
+      fetch_for_write(vc + slots[b] * kv_size, kv_size * (int64_t)sizeof(KV));
+    }
     for (int64_t b = b0; b < e0; ++b) {
       float* row = qkv + b * qkv_size;
       const float* c = cos_sin + pos[b] * Dh;
@@ -125,7 +143,11 @@ void rope_and_store<int8_t>(float* qkv, int64_t B, int64_t H, int64_t Hkv, int64
                             float* q_out, int8_t* kc, int8_t* vc) {
   const int64_t q_size = H * Dh, kv_size = Hkv * Dh, qkv_size = q_size + 2 * kv_size;
   const int64_t slot_bytes = Hkv * q8_row_bytes(Dh);
-  at::parallel_for(0, B, 16, [&](int64_t b0, int64_t e0) {
+  at::parallel_for(0, B, kRopeGrain, [&](int64_t b0, int64_t e0) {
+    for (int64_t b = b0; b < e0; ++b) {  // as the float caches' (above)
+      fetch_for_write(kc + slots[b] * slot_bytes, slot_bytes);
+      fetch_for_write(vc + slots[b] * slot_bytes, slot_bytes);
+    }
     for (int64_t b = b0; b < e0; ++b) {
       float* row = qkv + b * qkv_size;
       const float* c = cos_sin + pos[b] * Dh;
