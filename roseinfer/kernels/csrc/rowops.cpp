@@ -6,8 +6,10 @@
 namespace roseinfer {
 
 // Rows a thread takes at least in the row ops below (which thread runs a row never
-// changes a value): a decode step of 16 rows over 2 threads.
-constexpr int64_t kRopeGrain = 8, kNormGrain = 8;
+// changes a value): a decode step of 16 rows over 2 threads.  kFetchRows: the most rows
+// whose K/V slots rope_and_store fetches ahead (a decode step's; a prefill chunk writes
+// runs of consecutive slots, which the hardware prefetchers follow).
+constexpr int64_t kRopeGrain = 8, kNormGrain = 8, kFetchRows = 64;
 
 // The sum of x[i]^2 in one fixed order on every machine: 16 lanes (lane l: fma(x[i],
 // x[i], .) over i = l mod 16, in order), then halves added (l + 8, + 4, + 2, + 1).  A
@@ -120,7 +122,7 @@ void rope_and_store(float* qkv, int64_t B, int64_t H, int64_t Hkv, int64_t Dh,
   // norms 1.01 -> 0.78 ms, the step 22.5 -> 22.0 ms (stack timers, 10 interleaved
   // rounds in one process).
   at::parallel_for(0, B, kRopeGrain, [&](int64_t b0, int64_t e0) {
-    for (int64_t b = b0; b < e0; ++b) {
+    for (int64_t b = b0; b < e0 && e0 - b0 <= kFetchRows; ++b) {
       fetch_for_write(kc + slots[b] * kv_size, kv_size * (int64_t)sizeof(KV));
       fetch_for_write(vc + slots[b] * kv_size, kv_size * (int64_t)sizeof(KV));
     }
@@ -144,7 +146,7 @@ void rope_and_store<int8_t>(float* qkv, int64_t B, int64_t H, int64_t Hkv, int64
   const int64_t q_size = H * Dh, kv_size = Hkv * Dh, qkv_size = q_size + 2 * kv_size;
   const int64_t slot_bytes = Hkv * q8_row_bytes(Dh);
   at::parallel_for(0, B, kRopeGrain, [&](int64_t b0, int64_t e0) {
-    for (int64_t b = b0; b < e0; ++b) {  // as the float caches' (above)
+    for (int64_t b = b0; b < e0 && e0 - b0 <= kFetchRows; ++b) {  // as the float caches'
       fetch_for_write(kc + slots[b] * slot_bytes, slot_bytes);
       fetch_for_write(vc + slots[b] * slot_bytes, slot_bytes);
     }
