@@ -11,6 +11,7 @@ logprobs for the Paris question (how close its tie is).
 
     PYTHONPATH=. python benchmarks/act8_layers.py                # none, all, all but each
     PYTHONPATH=. python benchmarks/act8_layers.py --sets '[[0, 1], [28, 29]]'
+    PYTHONPATH=. python benchmarks/act8_layers.py --sets '[[]]' --kinds gate_up_proj,down_proj
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ def _layer(path: str) -> int:
     return int(m.group(1)) if m else -1
 
 
-def load(layers: set[int]) -> LLM:
-    """The default model with int8 activations in front of ``layers``' gate/up."""
-    gguf_stream.act8_layer = lambda path: path.endswith("gate_up_proj") and _layer(path) in layers
+def load(layers: set[int], kinds: tuple[str, ...] = ("gate_up_proj",)) -> LLM:
+    """The default model with int8 activations in front of ``layers``' ``kinds`` (gate/up
+    by default)."""
+    gguf_stream.act8_layer = lambda path: path.endswith(kinds) and _layer(path) in layers
     return LLM(quantization="auto", weight_cache=False, max_num_batched_tokens=512)
 
 
@@ -71,7 +73,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sets", help="JSON list of layer-index lists (default: none, all, "
                     "and all but each layer)")
+    ap.add_argument("--kinds", default="gate_up_proj",
+                    help="comma-separated layer kinds that take int8 activations in the "
+                    "chosen layers (default: gate_up_proj; e.g. gate_up_proj,down_proj)")
     args = ap.parse_args()
+    kinds = tuple(args.kinds.split(","))
     ref = LLM(quantization="none", max_num_batched_tokens=512)
     n_layers = ref.engine.model_config.num_layers
     every = list(range(n_layers))
@@ -86,7 +92,7 @@ def main() -> None:
         name = ("none" if not layers else "all" if layers == every else
                 f"all but {sorted(set(every) - set(layers))}" if len(layers) > n_layers // 2
                 else str(sorted(layers)))
-        llm = load(set(layers))
+        llm = load(set(layers), kinds)
         ids, text = greedy(llm, 16)
         agree = sum(a == b for a, b in zip(ids, ref16, strict=True))
         nll, misses = forced(llm, prompts, ref48)
