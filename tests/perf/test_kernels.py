@@ -106,6 +106,24 @@ def test_linear_kernel_fp32_and_fp16() -> None:
                                rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("k", [24, 64, 200])
+def test_linear_kernel_fp32_is_its_portable_kernel_and_batch_invariant(k: int) -> None:
+    """The exact fp32 GEMM (``quantization="none"``): the same bits as its portable twin
+    (what a build without AVX2 runs; it ran ``at::mm`` until 11-29, whose rows depended
+    on the batch), and each row alone as in any batch, with and without a bias, K with
+    and without a tail shorter than 32."""
+    gen = torch.Generator().manual_seed(k)
+    w, b, x = torch.randn(37, k, generator=gen), torch.randn(37, generator=gen), torch.randn(
+        9, k, generator=gen)
+    for bias in (b, None):
+        lin = make_linear(w, bias, fp16=False)
+        got = lin.forward(x)
+        assert torch.equal(lin.forward_portable(x), got)
+        for m in (1, 2, 5):
+            assert torch.equal(lin.forward(x[:m]), got[:m])
+            assert torch.equal(lin.forward_portable(x[m:m + 1]), got[m:m + 1])
+
+
 @pytest.mark.parametrize("rows", [3, 8, 40])
 def test_linear_kernel_bf16_copy_for_large_inputs(rows: int) -> None:
     torch.manual_seed(0)

@@ -6,7 +6,7 @@
 //           is (act8: against int8 activations)
 //       .set_gguf_weight(types: List[int], raws: List[uint8 [rows, row_bytes]], act8,
 //           extra_copy): a GGUF's stored tensors as they are (gguf_gemm.h)
-//       .forward_portable(x): the int8 / GGUF formats' portable kernel (tests)
+//       .forward_portable(x): the int8 / GGUF / fp32 formats' portable kernel (tests)
 //   torch.ops.roseinfer.gguf_rows(raw, type, ids): dequantized rows of a stored tensor
 //   torch.classes.roseinfer.LlamaStack(hidden, heads, kv_heads, head_dim, inter, eps, final_norm)
 //       .forward(...), .forward_lora(..., LoraStep): the step with LoRA deltas (lora.h)

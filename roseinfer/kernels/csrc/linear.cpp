@@ -63,6 +63,35 @@ static void gemm_fp32(const float* x, const float* w, const float* b, float* y, 
 }
 #endif
 
+// gemm_fp32 without SIMD (builds without AVX2; forward_portable): every output element is gemv_row's
+// arithmetic, lane by lane (p[h][l] the FMA chain of k = 32 i + 8 h + l, the tail's steps
+// of 8 into p[0], then the lanes summed as gemv_row and hsum8 sum them), so a row's bits
+// never depend on the batch here either (at::mm's do) and equal the AVX2 kernel's.
+static void gemm_fp32_portable(const float* x, const float* w, const float* b, float* y, int64_t M,
+                      int64_t K, int64_t N) {
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t m = 0; m < M; ++m) {
+      const float* xr = x + m * K;
+      for (int64_t n = n0; n < n1; ++n) {
+        const float* wr = w + n * K;
+        float p[4][8] = {};
+        int64_t k = 0;
+        for (; k + 32 <= K; k += 32)
+          for (int h = 0; h < 4; ++h)
+            for (int l = 0; l < 8; ++l)
+              p[h][l] = std::fma(xr[k + 8 * h + l], wr[k + 8 * h + l], p[h][l]);
+        for (; k < K; k += 8)
+          for (int l = 0; l < 8; ++l) p[0][l] = std::fma(xr[k + l], wr[k + l], p[0][l]);
+        float t[4];  // hsum8: lanes l and l + 4, then (t0 + t2) + (t1 + t3)
+        for (int l = 0; l < 4; ++l)
+          t[l] = ((p[0][l] + p[1][l]) + (p[2][l] + p[3][l])) +
+                 ((p[0][l + 4] + p[1][l + 4]) + (p[2][l + 4] + p[3][l + 4]));
+        y[m * N + n] = ((t[0] + t[2]) + (t[1] + t[3])) + (b ? b[n] : 0.f);
+      }
+    }
+  });
+}
+
 Linear::Linear(at::Tensor w, std::optional<at::Tensor> b, bool fp16) {
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kFloat && w.device().is_cpu(),
               "Linear: weight must be a 2-D float32 CPU tensor");
@@ -148,14 +177,18 @@ void Linear::run(const at::Tensor& x, at::Tensor& y) const {
                 y.data_ptr<float>());
     return;
   }
-#ifdef ROSEINFER_AVX2
   if (in_features % 8 == 0 && weight.is_contiguous() && use_gemv) {
+#ifdef ROSEINFER_AVX2
     gemm_fp32(x.data_ptr<float>(), weight.data_ptr<float>(),
               bias.defined() ? bias.data_ptr<float>() : nullptr, y.data_ptr<float>(), m,
               in_features, out_features);
+#else
+    gemm_fp32_portable(x.data_ptr<float>(), weight.data_ptr<float>(),
+                       bias.defined() ? bias.data_ptr<float>() : nullptr, y.data_ptr<float>(),
+                       m, in_features, out_features);
+#endif
     return;
   }
-#endif
   if (bias.defined()) {
     at::addmm_out(y, bias, x, weight.t());
   } else {
@@ -164,10 +197,20 @@ void Linear::run(const at::Tensor& x, at::Tensor& y) const {
 }
 
 at::Tensor Linear::forward_portable(at::Tensor x) {
-  TORCH_CHECK((q8 || gguf) && x.scalar_type() == at::kFloat && x.dim() == 2 && x.size(1) == in_features,
-              "Linear.forward_portable: int8 / GGUF weights and a float32 [M, in_features] input");
+  const bool fp32 = weight.defined() && !panels && in_features % 8 == 0;
+  TORCH_CHECK((q8 || gguf || fp32) && x.scalar_type() == at::kFloat && x.dim() == 2 &&
+                  x.size(1) == in_features,
+              "Linear.forward_portable: int8 / GGUF weights or fp32 ones (in_features a "
+              "multiple of 8) and a float32 [M, in_features] input");
   auto x2 = x.contiguous();
   auto y = at::empty({x2.size(0), out_features}, x.options());
+  if (fp32 && !q8 && !gguf) {
+    const at::Tensor w = weight.contiguous();
+    gemm_fp32_portable(x2.data_ptr<float>(), w.data_ptr<float>(),
+                       bias.defined() ? bias.data_ptr<float>() : nullptr, y.data_ptr<float>(),
+                       x2.size(0), in_features, out_features);
+    return y;
+  }
   if (gguf) {
     gguf->run(x2.data_ptr<float>(), x2.size(0), bias.defined() ? bias.data_ptr<float>() : nullptr,
               y.data_ptr<float>(), true);

@@ -52,7 +52,7 @@ struct Linear : torch::CustomClassHolder {
                        bool extra_copy);
   void run(const at::Tensor& x, at::Tensor& y) const;  // x [M,K] contiguous, y [M,N]
   at::Tensor forward(at::Tensor x);
-  at::Tensor forward_portable(at::Tensor x);  // int8: the portable kernel (tests)
+  at::Tensor forward_portable(at::Tensor x);  // int8 / GGUF / fp32: the portable kernel (tests)
 };
 
 }  // namespace roseinfer
