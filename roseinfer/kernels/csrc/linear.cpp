@@ -197,16 +197,16 @@ void Linear::run(const at::Tensor& x, at::Tensor& y) const {
 }
 
 at::Tensor Linear::forward_portable(at::Tensor x) {
-  const bool fp32 = weight.defined() && !panels && in_features % 8 == 0;
+  // fp32 weights (the int8 / GGUF setters drop them): run's condition for gemm_fp32.
+  const bool fp32 = weight.defined() && !panels && in_features % 8 == 0 && weight.is_contiguous();
   TORCH_CHECK((q8 || gguf || fp32) && x.scalar_type() == at::kFloat && x.dim() == 2 &&
                   x.size(1) == in_features,
-              "Linear.forward_portable: int8 / GGUF weights or fp32 ones (in_features a "
-              "multiple of 8) and a float32 [M, in_features] input");
+              "Linear.forward_portable: int8 / GGUF weights or contiguous fp32 ones "
+              "(in_features a multiple of 8) and a float32 [M, in_features] input");
   auto x2 = x.contiguous();
   auto y = at::empty({x2.size(0), out_features}, x.options());
-  if (fp32 && !q8 && !gguf) {
-    const at::Tensor w = weight.contiguous();
-    gemm_fp32_portable(x2.data_ptr<float>(), w.data_ptr<float>(),
+  if (fp32) {
+    gemm_fp32_portable(x2.data_ptr<float>(), weight.data_ptr<float>(),
                        bias.defined() ? bias.data_ptr<float>() : nullptr, y.data_ptr<float>(),
                        x2.size(0), in_features, out_features);
     return y;
