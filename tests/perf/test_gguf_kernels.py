@@ -161,7 +161,8 @@ def test_gguf_rows_bitwise(qtype: int) -> None:
 def test_gguf_linear_is_its_arithmetic(qtype: int) -> None:
     """Bitwise the numpy model, the portable kernel, and each row alone, for steps from
     1 row to 4 (every quantized format: the few-row loops of gguf_rows.h) to 13 (whole
-    panels decoded)."""
+    panels decoded; with AVX-512 the 4- and 8-bit one-32-block formats' row loop in tiles
+    of up to 8 rows, many_rows_zmm)."""
     from roseinfer.kernels.gguf import make_gguf_linear
 
     k = 512 if qtype in (T.Q4_K, T.Q5_K, T.Q6_K) else 96

@@ -394,6 +394,11 @@ void run_format(const GgufPanels& g, const int16_t* xq, const float* dx, const f
     const int32_t* xsp = xs.empty() ? nullptr : xs.data();
     if (!portable && M <= kFewRows)
       return few_rows<F>(g, RowsArgs{xq, dx, sx, xsp}, M, p0, p1, bias, y, ldy);
+#ifdef ROSEINFER_AVX512
+    if constexpr (kOneBlock<F> && F::BITS != 5)
+      if (!portable && planes.empty())
+        return many_rows_zmm<F>(g, RowsArgs{xq, dx, sx, xsp}, M, p0, p1, bias, y, ldy);
+#endif
 #ifdef ROSEINFER_AMX
     std::unique_ptr<TileScope> tiles_on;
     if (amx) tiles_on = std::make_unique<TileScope>(gguf_tile_config());

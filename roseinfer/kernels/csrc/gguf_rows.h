@@ -1,5 +1,5 @@
 // The GGUF GEMM's loops for steps of 1-4 rows (few_rows, which gguf_gemm.cpp's driver
-// calls): with AVX-512 on 512-bit registers for the 4- and 8-bit formats and Q4_K, else
+// calls; with AVX-512 the one-32-block formats' loop also for more rows, many_rows_zmm): with AVX-512 on 512-bit registers for the 4- and 8-bit formats and Q4_K, else
 // on 256-bit ones.  The accumulators in registers, scales converted where they are read,
 // and the same integer dots and fp32 steps, in the same order, as the multi-row tiles
 // (so the same bits: a row alone equals the row in a batch).  Also the accumulators'
@@ -334,6 +334,43 @@ void few_rows(const GgufPanels& g, const RowsArgs& r, int64_t M, int64_t p0, int
     }
   });
 }
+
+#ifdef ROSEINFER_AVX512
+// f(std::integral_constant<int, MR>{}) for MR = mr, 1 to 8.
+template <class Fn>
+inline void with_rows8(int64_t mr, Fn&& f) {
+  if (mr <= kFewRows) return with_rows(mr, f);
+  switch (mr) {
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    default: return f(std::integral_constant<int, 8>{});
+  }
+}
+
+// Steps of more than kFewRows rows of a one-32-block format (not 5-bit) without AMX tiles:
+// rows_panels_zmm's loop for tiles of up to 8 rows, panel by panel (its accumulators in
+// registers from the first block to the store; panels_avx2's tiles keep theirs in memory
+// and decode each group first), rows in chunks whose activations stay in L2 as there.
+// The same bits (rows_panels_zmm's are the tiles'); 3-13% faster at 16-512 rows
+// (docs/performance.md, "Zen 4: 5+ rows straight from the panels").
+template <class F>
+void many_rows_zmm(const GgufPanels& g, const RowsArgs& r, int64_t M, int64_t p0, int64_t p1,
+                   const float* bias, float* y, int64_t ldy) {
+  static_assert(kOneBlock<F> && F::BITS != 5, "many_rows_zmm: rows_panels_zmm's formats");
+  const int64_t K = g.K, KB = K / 32, KH = K / 16;
+  const int64_t mc = std::max<int64_t>(8, (int64_t(1) << 17) / K);
+  for (int64_t c0 = 0; c0 < M; c0 += mc)
+    for (int64_t p = p0; p < p1; ++p)
+      for_row_tiles(c0, std::min(M, c0 + mc), 8, [&](int64_t m, int64_t mr) {
+        const RowsArgs t{r.xq + m * K, r.dx + m * KB, r.sx + m * KB,
+                         r.xs ? r.xs + m * KH : nullptr};
+        with_rows8(mr, [&](auto rows) {
+          rows_panels_zmm<F, decltype(rows)::value>(g, t, p, p + 1, bias, y + m * ldy, ldy);
+        });
+      });
+}
+#endif  // ROSEINFER_AVX512
 
 #endif  // ROSEINFER_AVX2
 
