@@ -24,7 +24,9 @@
 // widened and split in registers; Q6_K's unsigned q widened from its 16-bit words per
 // 16-value half; an offset read as unsigned q starts the integer sums at -offset * the
 // activations' exact sum, precomputed per row and 16 values: the exact dot with
-// q - offset); the first tile prefetches the next group's bytes.  Which
+// q - offset); the first tile prefetches the next group's bytes.  With AVX-512 and no
+// AMX tiles, Q8_0 / Q4_0 / Q4_1 steps of any size skip the decode: the few-row loop runs
+// tiles of up to 8 rows straight from each panel (gguf_rows.h, many_rows_zmm).  Which
 // loop reads a block changes only where its integers come from, never their values or
 // the fp32 operations, so a row's result never depends on M.
 #pragma once
