@@ -1,6 +1,7 @@
 // The GGUF GEMM's loops for steps of 1-4 rows (few_rows, which gguf_gemm.cpp's driver
-// calls; with AVX-512 the one-32-block formats' loop also for more rows, many_rows_zmm): with AVX-512 on 512-bit registers for the 4- and 8-bit formats and Q4_K, else
-// on 256-bit ones.  The accumulators in registers, scales converted where they are read,
+// calls; with AVX-512 the one-32-block formats' loop also runs larger steps in tiles of
+// up to 8 rows, many_rows_zmm): with AVX-512 on 512-bit registers for the 4- and 8-bit
+// formats and Q4_K, else on 256-bit ones.  The accumulators in registers, scales converted where they are read,
 // and the same integer dots and fp32 steps, in the same order, as the multi-row tiles
 // (so the same bits: a row alone equals the row in a batch).  Also the accumulators'
 // start value that the tiles use too.
@@ -352,8 +353,9 @@ inline void with_rows8(int64_t mr, Fn&& f) {
 // rows_panels_zmm's loop for tiles of up to 8 rows, panel by panel (its accumulators in
 // registers from the first block to the store; panels_avx2's tiles keep theirs in memory
 // and decode each group first), rows in chunks whose activations stay in L2 as there.
-// The same bits (rows_panels_zmm's are the tiles'); 3-13% faster at 16-512 rows
-// (docs/performance.md, "Zen 4: 5+ rows straight from the panels").
+// The same bits (rows_panels_zmm's are the tiles'); on Zen 4 the Q8_0 LM head at 16 rows
+// ~15% faster, the Q4_1 shapes a few % (docs/performance.md, "Zen 4: 5+ rows straight
+// from the panels").
 template <class F>
 void many_rows_zmm(const GgufPanels& g, const RowsArgs& r, int64_t M, int64_t p0, int64_t p1,
                    const float* bias, float* y, int64_t ldy) {
