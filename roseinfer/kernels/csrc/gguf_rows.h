@@ -1,10 +1,10 @@
 // The GGUF GEMM's loops for steps of 1-4 rows (few_rows, which gguf_gemm.cpp's driver
 // calls; with AVX-512 the one-32-block formats' loop also runs larger steps in tiles of
 // up to 8 rows, many_rows_zmm): with AVX-512 on 512-bit registers for the 4- and 8-bit
-// formats and Q4_K, else on 256-bit ones.  The accumulators in registers, scales converted where they are read,
-// and the same integer dots and fp32 steps, in the same order, as the multi-row tiles
-// (so the same bits: a row alone equals the row in a batch).  Also the accumulators'
-// start value that the tiles use too.
+// formats and Q4_K, else on 256-bit ones.  The accumulators in registers, scales
+// converted where they are read, and the same integer dots and fp32 steps, in the same
+// order, as the multi-row tiles (so the same bits: a row alone equals the row in a
+// batch).  Also the accumulators' start value that the tiles use too.
 #pragma once
 
 #include <type_traits>
