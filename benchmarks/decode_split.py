@@ -46,7 +46,7 @@ def main(threads: int, steps: int) -> None:
             hidden = stack.forward(
                 h, meta.positions, model.model.rotary_emb.cos_sin_cache, runner.kv_caches,
                 meta.block_tables, meta.token_seq, meta.token_context_lens, meta.slot_mapping,
-                meta.block_size)
+                meta.block_size, None)
             marks.append(time.thread_time())
             logits = model.compute_logits(hidden[torch.tensor(layout.sample_rows)])
             marks.append(time.thread_time())
