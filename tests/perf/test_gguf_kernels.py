@@ -396,6 +396,40 @@ def test_steps_of_many_rows_equal_the_portable_kernel(qtype: int, act8: bool, ex
         assert torch.equal(alone, got)
 
 
+@pytest.mark.parametrize("qtype,act8", [(T.Q4_1, False), (T.Q4_1, True), (T.Q8_0, False),
+                                        (T.Q4_K, False), (T.F16, False), (None, False)],
+                         ids=lambda v: getattr(v, "name", str(v)))
+def test_panels_shared_as_threads_finish_give_the_same_bits(qtype: int | None,
+                                                           act8: bool) -> None:
+    """Steps of 5+ rows share a GEMM's panels in chunks the threads take as they finish
+    (csrc/parallel_chunks.h): whatever the thread count and whichever thread took a
+    chunk, every value is the one-thread kernel's (None: the int8 format's kernel)."""
+    from roseinfer.kernels import make_int8_linear, quantize_int8_blocks
+    from roseinfer.kernels.gguf import make_gguf_linear
+
+    n, k = 1000, 512  # 63 panels, the last of 8 columns
+    gen = torch.Generator().manual_seed(31)
+    if qtype is None:
+        lin = make_int8_linear(*quantize_int8_blocks(torch.randn(n, k, generator=gen)), None)
+    else:
+        raw = random_raw(qtype, n, k, seed=29)
+        lin = make_gguf_linear([(int(qtype), torch.from_numpy(raw))], None, act8)
+    x = torch.randn(37, k, generator=gen) * 2
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        want = lin.forward(x)
+        for threads in (2, 3, 4):
+            torch.set_num_threads(threads)
+            for m in (5, 16, 37):
+                for _ in range(3):  # chunks fall to the threads differently each time
+                    assert torch.equal(lin.forward(x[:m]), want[:m]), (threads, m)
+    finally:
+        torch.set_num_threads(before)
+    if qtype is not None:
+        assert torch.equal(lin.forward_portable(x), want)
+
+
 def _proc_kb(path: str, key: str) -> int:
     """The kB figure of ``key`` in a /proc file of this process (0 if absent)."""
     with open(path) as f:

@@ -9,6 +9,7 @@
 #include "gguf_decode.h"
 #include "gguf_rows.h"
 #include "gguf_tiles.h"
+#include "parallel_chunks.h"
 #include "q8_tiles.h"
 #include "weight_memory.h"
 
@@ -389,7 +390,7 @@ void run_format(const GgufPanels& g, const int16_t* xq, const float* dx, const f
     split_tiles(xq, M, g.K, planes.data());
   }
 #endif
-  at::parallel_for(0, NP, grain, [&](int64_t p0, int64_t p1) {
+  auto body = [&](int64_t p0, int64_t p1) {
 #ifdef ROSEINFER_AVX2
     const int32_t* xsp = xs.empty() ? nullptr : xs.data();
     if (!portable && M <= kFewRows)
@@ -408,7 +409,8 @@ void run_format(const GgufPanels& g, const int16_t* xq, const float* dx, const f
                             planes.empty() ? nullptr : planes.data());
 #endif
     panels_scalar<F>(g, xq, dx, sx, M, p0, p1, bias, y, ldy);
-  });
+  };
+  parallel_panels(NP, grain, M, kFewRows, body);
 }
 
 }  // namespace

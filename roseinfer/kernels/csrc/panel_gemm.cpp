@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "parallel_chunks.h"
 #include "weight_memory.h"
 
 namespace roseinfer {
@@ -78,7 +79,7 @@ template <bool BF16>
 static void run_f16(const PanelGemm& g, const float* x, int64_t M, const float* bias, float* y) {
   const int64_t K = g.K, panels = g.Np / 16;
   const uint16_t* w = reinterpret_cast<const uint16_t*>(g.f16.data_ptr());
-  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+  parallel_panels(panels, 1, M, 4, [&](int64_t p0, int64_t p1) {
     float tile[6 * 16 * 4];
     int64_t p = p0;
     // One or two rows: 4 / 2 panels per tile (8 FMA chains per row, not 2).

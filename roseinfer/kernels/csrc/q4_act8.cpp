@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "act_quant.h"
+#include "parallel_chunks.h"
 #include "q4_act8_layout.h"
 #include "q8_tiles.h"
 #include "weight_memory.h"
@@ -351,7 +352,7 @@ void gemm_q4_act8(const uint8_t* bytes, const uint8_t* nibbles, int64_t N, int64
   // Chunks of ~256 KB of rows.
   const int64_t mc = std::max<int64_t>(kTileRows, (int64_t(1) << 18) / K);
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 17) / (M * K * kQ8Panel));
-  at::parallel_for(0, NP, grain, [&](int64_t p0, int64_t p1) {
+  auto body = [&](int64_t p0, int64_t p1) {
 #ifdef ROSEINFER_AVX2
     if (!portable) {
       for (int64_t c0 = 0; c0 < M; c0 += mc) {
@@ -372,7 +373,8 @@ void gemm_q4_act8(const uint8_t* bytes, const uint8_t* nibbles, int64_t N, int64
     }
 #endif
     panels_scalar(xq.get(), dx.get(), sx.get(), M, K, wp, nib, offset, p0, p1, bias, y, N);
-  });
+  };
+  parallel_panels(NP, grain, M, kNibMaxRows, body);
 }
 
 }  // namespace roseinfer

@@ -5,6 +5,7 @@
 #include "q8_gemm.h"
 #include "q4_act8.h"
 #include "act_quant.h"
+#include "parallel_chunks.h"
 #include "q8_tiles.h"
 #include "weight_memory.h"
 
@@ -294,7 +295,7 @@ void gemm(const Q8Gemm& g, const float* x, int64_t M, const float* bias, float* 
   const int64_t panel_bytes = KB * block_bytes_of(kind);
   const int64_t mc = std::max<int64_t>(8, (int64_t(1) << 17) / K);  // ~256 KB of rows
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 17) / (M * K * kQ8Panel));
-  at::parallel_for(0, NP, grain, [&](int64_t p0, int64_t p1) {
+  parallel_panels(NP, grain, M, kQ4MaxRows, [&](int64_t p0, int64_t p1) {
 #ifdef ROSEINFER_AVX2
     if (!portable) {
       for (int64_t c0 = 0; c0 < M; c0 += mc) {
