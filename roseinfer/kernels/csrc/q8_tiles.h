@@ -15,12 +15,23 @@ inline float half_at(const uint8_t* p) {
   return static_cast<float>(c10::Half(h, c10::Half::from_bits()));
 }
 
-// y rows [0, mr) x columns [n0, n0 + nc) from the accumulators: y = acc + b (or acc).
+// y rows [0, mr) x columns [n0, n0 + nc) from the accumulators: y = acc + b (or acc),
+// the same fp32 adds either way.
 inline void store_tile(const float* acc, int64_t mr, int64_t n0, int64_t nc, const float* bias,
                        float* y, int64_t N) {
   for (int64_t m = 0; m < mr; ++m) {
     float* yr = y + m * N + n0;
     const float* ar = acc + m * kQ8Panel;
+#ifdef ROSEINFER_AVX2
+    if (nc == kQ8Panel) {  // a whole panel: no call to memcpy (the loop below becomes one)
+      for (int h = 0; h < kQ8Panel; h += 8) {
+        __m256 v = _mm256_loadu_ps(ar + h);
+        if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + n0 + h));
+        _mm256_storeu_ps(yr + h, v);
+      }
+      continue;
+    }
+#endif
     for (int64_t c = 0; c < nc; ++c) yr[c] = bias ? ar[c] + bias[n0 + c] : ar[c];
   }
 }
