@@ -38,7 +38,7 @@ void panels_scalar(const GgufPanels& g, const int16_t* xq, const float* dx, cons
   for (int64_t p = p0; p < p1; ++p) {
     std::fill(acc.begin(), acc.end(), 0.f);
     for (int64_t sb = 0; sb < NSB; ++sb) {
-      const uint8_t* psb = g.packed.data_ptr<uint8_t>() + (p * NSB + sb) * F::kPanel;
+      const uint8_t* psb = g.bytes + (p * NSB + sb) * F::kPanel;
       for (int jj = 0; jj < BPS; ++jj) decode_scalar<F>(psb, jj, blk[jj]);
       for (int64_t m = 0; m < M; ++m)
         for (int jj = 0; jj < BPS; ++jj) {
@@ -317,7 +317,7 @@ void panels_avx2(const GgufPanels& g, const int16_t* xq, const float* dx, const 
   thread_local std::vector<float> acc_buf;
   if (static_cast<int64_t>(acc_buf.size()) < mc * 16 + 16) acc_buf.resize(mc * 16 + 16);
   float* acc = acc_buf.data() + (16 - reinterpret_cast<uintptr_t>(acc_buf.data()) % 64 / 4) % 16;
-  const uint8_t* base = g.packed.data_ptr<uint8_t>();
+  const uint8_t* base = g.bytes;
   const int64_t panel_bytes = K / F::E * F::kPanel;
   // 5 bits in registers: tiles of up to 4 rows (two registers hold the running bit-4
   // words).
@@ -437,6 +437,7 @@ GgufPanels::GgufPanels(int64_t type_, const std::vector<const uint8_t*>& rows, i
     });
   });
   TORCH_CHECK(ok, "GgufPanels: unsupported type ", type);
+  bytes = packed.data_ptr<uint8_t>();
 }
 
 void GgufPanels::run(const int16_t* xq, const float* dx, const float* sx, int64_t M,

@@ -45,6 +45,7 @@ namespace roseinfer {
 struct GgufPanels {
   int64_t type = 0, N = 0, K = 0;
   at::Tensor packed;  // uint8
+  const uint8_t* bytes = nullptr;  // packed's data, taken once (the panel loops read it per call)
 
   GgufPanels(int64_t type, const std::vector<const uint8_t*>& rows, int64_t K);
   // xq / dx / sx: the quantized activations (act_quant.h); y rows of stride ldy, bias

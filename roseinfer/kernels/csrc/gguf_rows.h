@@ -37,7 +37,7 @@ inline void start_at(__m256i (&a)[MR][2], const int32_t* xs, int64_t KH, int64_t
 template <int MR, class Body>
 inline void rows_each_panel(const GgufPanels& g, int64_t panel_bytes, int64_t p0, int64_t p1,
                             const float* bias, float* y, int64_t ldy, Body&& body) {
-  const uint8_t* base = g.packed.data_ptr<uint8_t>();
+  const uint8_t* base = g.bytes;
   alignas(32) float out[MR * 16];
   for (int64_t p = p0; p < p1; ++p) {
     __m256 acc0[MR], acc1[MR];
@@ -134,7 +134,7 @@ template <int MR, class Body>
 inline void rows_each_panel_zmm(const GgufPanels& g, int64_t panel_bytes, int64_t p0,
                                 int64_t p1, const float* bias, float* y, int64_t ldy,
                                 Body&& body) {
-  const uint8_t* base = g.packed.data_ptr<uint8_t>();
+  const uint8_t* base = g.bytes;
   alignas(64) float out[MR * 16];
   for (int64_t p = p0; p < p1; ++p) {
     __m512 acc[MR];
