@@ -64,9 +64,10 @@ static void gemm_fp32(const float* x, const float* w, const float* b, float* y, 
 #endif
 
 // gemm_fp32 without SIMD (builds without AVX2; forward_portable): every output element
-// is gemv_row's arithmetic, lane by lane (p[h][l] the FMA chain of k = 32 i + 8 h + l, the tail's steps
-// of 8 into p[0], then the lanes summed as gemv_row and hsum8 sum them), so a row's bits
-// never depend on the batch here either (at::mm's do) and equal the AVX2 kernel's.
+// is gemv_row's arithmetic, lane by lane (p[h][l] the FMA chain of k = 32 i + 8 h + l,
+// the tail's steps of 8 into p[0], then the lanes summed as gemv_row and hsum8 sum them),
+// so a row's bits never depend on the batch here either (at::mm's do) and equal the AVX2
+// kernel's.
 static void gemm_fp32_portable(const float* x, const float* w, const float* b, float* y,
                                int64_t M, int64_t K, int64_t N) {
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {

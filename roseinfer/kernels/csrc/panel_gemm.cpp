@@ -74,12 +74,16 @@ static inline void emit(const float* tile, int64_t ldt, int64_t rows, int64_t n0
     for (int64_t c = 0; c < nc; ++c) y[m * N + n0 + c] = tile[m * ldt + c] + (bias ? bias[n0 + c] : 0.f);
 }
 
+// Steps of up to this many rows are GEMVs bound by memory: equal ranges of panels a
+// thread (parallel_panels), as the other formats' few-row steps.
+constexpr int64_t kF16FewRows = 4;
+
 // fp16 format, every M: 16-column panels, 6 rows per tile (1-2 rows: 4 / 2 panels).
 template <bool BF16>
 static void run_f16(const PanelGemm& g, const float* x, int64_t M, const float* bias, float* y) {
   const int64_t K = g.K, panels = g.Np / 16;
   const uint16_t* w = reinterpret_cast<const uint16_t*>(g.f16.data_ptr());
-  parallel_panels(panels, 1, M, 4, [&](int64_t p0, int64_t p1) {
+  parallel_panels(panels, 1, M, kF16FewRows, [&](int64_t p0, int64_t p1) {
     float tile[6 * 16 * 4];
     int64_t p = p0;
     // One or two rows: 4 / 2 panels per tile (8 FMA chains per row, not 2).
