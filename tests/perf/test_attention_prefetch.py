@@ -1,8 +1,9 @@
-"""The float / fp16 attention kernel's prefetches change only when data arrives: streaming
-the next sequence into L2 (on by default on AMD CPUs, ``ROSEINFER_F16_SEQ_PREFETCH``) and,
-at batch 1, a thread's first KV head fetching every head's rows it takes
-(``ROSEINFER_ATTN_WIDE_PF``): the op's bits are the same with each on and off, and the
-same as each row alone."""
+"""The float / fp16 attention kernel's prefetches and thread splits change only when data
+arrives and who computes what: streaming the next sequence into L2 (on by default on AMD
+CPUs, ``ROSEINFER_F16_SEQ_PREFETCH``), at batch 1 on one thread its first KV head
+fetching every head's rows (``ROSEINFER_ATTN_WIDE_PF``), and batch 1 on several threads
+cut by positions, then by head dims (attention_one_row.h): the op's bits are the same
+each way, and the same as each row alone."""
 
 from __future__ import annotations
 
@@ -46,15 +47,15 @@ print(h.hexdigest(), alone_ok)
 """
 
 
-# One row at a time (batch 1), contexts up to 3,000, KV heads 3 (the default model), 8
-# and 1, fp32 and fp16 caches, block sizes 16 and 5.
+# One row at a time (batch 1), contexts up to 3,000, KV heads 3 (the default model), 8,
+# 1 and 5, head dims 32 to 256, fp32 and fp16 caches, block sizes 16 and 5.
 _SINGLE = """
 import hashlib, torch
 h = hashlib.sha256()
 gen = torch.Generator().manual_seed(7)
 for dtype in (torch.float32, torch.float16):
     for bs in (16, 5):
-        for heads, hkv, dh in ((9, 3, 64), (32, 8, 64), (4, 1, 128)):
+        for heads, hkv, dh in ((9, 3, 64), (32, 8, 64), (4, 1, 128), (6, 3, 32), (10, 5, 256)):
             width = 3000 // bs + 1
             tables = torch.randperm(width, generator=gen).view(1, width).to(torch.int32)
             cache = torch.randn(2, width * bs, hkv, dh, generator=gen).to(dtype)
@@ -68,8 +69,8 @@ print(h.hexdigest(), True)
 """
 
 
-def _run(var: str, value: str, script: str = _SCRIPT) -> tuple[str, str]:
-    env = {**os.environ, var: value, "OMP_NUM_THREADS": "2"}
+def _run(var: str, value: str, script: str = _SCRIPT, threads: int = 2) -> tuple[str, str]:
+    env = {**os.environ, var: value, "OMP_NUM_THREADS": str(threads)}
     proc = subprocess.run([sys.executable, "-c", _LOAD + script],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -87,3 +88,11 @@ def test_batch1_wide_prefetch_changes_no_bits() -> None:
     on = _run("ROSEINFER_ATTN_WIDE_PF", "1", _SINGLE)
     off = _run("ROSEINFER_ATTN_WIDE_PF", "0", _SINGLE)
     assert on[0] == off[0]
+
+
+def test_batch1_split_over_threads_changes_no_bits() -> None:
+    """One row on 2, 3 or 4 threads (scores by positions, P.V by KV heads and head-dim
+    parts) gives the one-thread items path's bits."""
+    one = _run("ROSEINFER_ATTN_WIDE_PF", "1", _SINGLE, threads=1)
+    for threads in (2, 3, 4):
+        assert _run("ROSEINFER_ATTN_WIDE_PF", "1", _SINGLE, threads=threads)[0] == one[0]

@@ -4,6 +4,7 @@
 #include "attention_parts.h"
 #include "attention_tile.h"
 #include "attention_scores.h"
+#include "attention_one_row.h"
 
 namespace roseinfer {
 
@@ -223,14 +224,23 @@ void attend_rows(const float* q, const KV* kc, const KV* vc, const int32_t* bt,
                       int64_t H, int64_t Hkv, int64_t Dh, int64_t bs, float scale, float* out) {
   const int64_t G = H / Hkv;
   const int64_t row = Hkv * Dh;  // floats between consecutive slots
-  const std::vector<int64_t> order = item_order(seq_of, D, Hkv);
   [[maybe_unused]] const bool vec_dh = Dh == 32 || Dh == 64 || Dh == 128 || Dh == 256;
+#ifdef ROSEINFER_AVX2
+  const int64_t nt = at::get_num_threads();
+  if (D == 1 && vec_dh && nt > 1 && !at::in_parallel_region()) {  // attention_one_row.h
+    auto one = Dh == 32 ? attend_one_row<32, KV> : Dh == 64 ? attend_one_row<64, KV>
+             : Dh == 128 ? attend_one_row<128, KV> : attend_one_row<256, KV>;
+    one(q, kc, vc, bt + (int64_t)seq_of[0] * bt_stride, lens[0], H, Hkv, row, bs, scale, out, nt);
+    return;
+  }
+#endif
+  const std::vector<int64_t> order = item_order(seq_of, D, Hkv);
 #ifdef ROSEINFER_AVX2
   const bool stream_next = float_sequence_prefetch();
   const int64_t l2_bytes = l2_cache_bytes();
-  // One row (batch 1: its KV heads over the threads): a thread's first item prefetches
-  // the rows of every head it takes (wide_prefetch_permitted; at batch 2 it measured no
-  // gain); many rows: the next-sequence stream.
+  // One row on one thread: its first item prefetches the rows of every KV head
+  // (wide_prefetch_permitted; at batch 2 it measured no gain); many rows: the
+  // next-sequence stream.
   const bool wide_first = D == 1 && wide_prefetch_permitted();
 #endif
   parallel_items(order, lens, Hkv, [&](int64_t b0, int64_t e0) {

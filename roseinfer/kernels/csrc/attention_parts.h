@@ -167,16 +167,16 @@ inline void aim_at_next_sequence(SequencePrefetch& ahead, const std::vector<int6
 }
 
 // One KV head's rows of a context (K or V) fetched kAhead positions before their use:
-// the first kAhead at construction, then one more as each position t is used (step).
-// base: the head's first value in the cache half (half + kh * Dh); row: values between
-// slots.
+// the first kAhead from t0 at construction, then one more as each position t (>= t0) is
+// used (step); none at or past L.  base: the head's first value in the cache half (half +
+// kh * Dh); row: values between slots.
 template <typename KV>
 class RowsAhead {
  public:
   RowsAhead(const int32_t* table, int64_t bs, const KV* base, int64_t row, int64_t L,
-            int64_t row_bytes)
-      : ahead_(table, bs, 0), base_(base), row_(row), L_(L), bytes_(row_bytes) {
-    for (int64_t t = 0; t < std::min(kAhead, L); ++t, ahead_.next())
+            int64_t row_bytes, int64_t t0 = 0)
+      : ahead_(table, bs, t0), base_(base), row_(row), L_(L), bytes_(row_bytes) {
+    for (int64_t t = t0; t < std::min(t0 + kAhead, L); ++t, ahead_.next())
       prefetch_bytes(base_ + ahead_.slot() * row_, bytes_);
   }
   void step(int64_t t) {
