@@ -137,8 +137,8 @@ def step_logits(quantization: str, kv: str, max_tokens: int = 8,
     runner = llm.engine.runner
     execute, seen = runner.execute, []
 
-    def recorded(scheduled):  # the step as it was, its logits kept
-        out = execute(scheduled)
+    def recorded(scheduled, greedy=False):  # the step as it was, its logits kept (never
+        out = execute(scheduled)  # the tokens alone that a greedy step may take instead)
         seen.append(out.sample_logits.clone())
         return out
 

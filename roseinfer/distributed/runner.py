@@ -130,7 +130,8 @@ class TensorParallelRunner:
                 return WorkerDiedError(f"tensor-parallel worker {', '.join(dead)} has exited")
         return self._failure
 
-    def execute(self, scheduled: list[ScheduledRequest]) -> StepLogits:
+    def execute(self, scheduled: list[ScheduledRequest], greedy: bool = False) -> StepLogits:
+        """The step over every rank (``greedy`` is ModelRunner's hint: full logits here)."""
         if self._failure is not None:
             raise self._failure.with_traceback(None)
         try:

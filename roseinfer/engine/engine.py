@@ -27,6 +27,7 @@ no prefix-cache hits, and finishes with its pooled final hidden state in
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import time
 import weakref
@@ -312,7 +313,10 @@ class LLMEngine:
             if group is not None and group.metrics.first_scheduled_time is None:
                 group.metrics.first_scheduled_time = now
         mask_job = self.structured.start(sched.scheduled)  # None: nothing constrained
-        scheduled, logits = self._execute(sched.scheduled, failed)
+        # every row its argmax: the runner may give the tokens alone (the same)
+        greedy = (mask_job is None and self.spec is None
+                  and self.step_sampler.greedy_only(sched.scheduled))
+        scheduled, logits = self._execute(sched.scheduled, failed, greedy)
         masks = self.structured.finish(mask_job, failed) if mask_job is not None else None
         sampled = self.step_sampler.sample(scheduled, logits, failed, masks)
         if mask_job is not None:
@@ -331,10 +335,12 @@ class LLMEngine:
             self.block_manager.persist()  # idle: the prefix cache goes to disk (background)
         return outputs
 
-    def _execute(self, scheduled: list[ScheduledRequest], failed: dict[Request, str]
-                 ) -> tuple[list[ScheduledRequest], StepLogits | None]:
+    def _execute(self, scheduled: list[ScheduledRequest], failed: dict[Request, str],
+                 greedy: bool = False) -> tuple[list[ScheduledRequest], StepLogits | None]:
         """The forward of the step; requests whose chunk makes it raise go to ``failed``."""
-        ran, logits, errors = run_isolated(self.runner.execute, scheduled, self.block_manager)
+        execute = (functools.partial(self.runner.execute, greedy=True) if greedy
+                   else self.runner.execute)
+        ran, logits, errors = run_isolated(execute, scheduled, self.block_manager)
         for i, why in errors.items():
             failed[scheduled[i].request] = f"the model failed on this request: {why}"
         return ran, logits

@@ -59,8 +59,16 @@ class StepSampler:
         chunks = [i for i, s in enumerate(scheduled) if s.samples]
         if not chunks or logits is None:
             return result
-        x = logits.sample_logits  # [R, V]: 1 + d rows per completing chunk
         requests = [scheduled[i].request for i in chunks]
+        if logits.greedy is not None:  # a greedy step's tokens, from the model (execute)
+            ids, finite = logits.greedy
+            for k, (token, ok) in enumerate(zip(ids, finite, strict=True)):
+                if ok:
+                    result[chunks[k]] = [token]
+                else:
+                    failed[requests[k]] = "the model produced non-finite logits (NaN or inf)"
+            return result
+        x = logits.sample_logits  # [R, V]: 1 + d rows per completing chunk
         drafts = [scheduled[i].spec_token_ids for i in chunks]
         starts = [0]
         for d in drafts:
@@ -89,6 +97,17 @@ class StepSampler:
                     "is not finite")
         return result
 
+    @staticmethod
+    def greedy_only(scheduled: list[ScheduledRequest]) -> bool:
+        """Whether every chunk this step samples takes its argmax: plain greedy, no
+        drafts, no stop tokens held back by ``min_tokens`` (grammar masks are the
+        caller's to rule out): ``_sample_chunks``' all-greedy case, which the runner may
+        then answer with tokens alone (``ModelRunner.execute(greedy=True)``)."""
+        chunks = [s for s in scheduled if s.samples]
+        return bool(chunks) and all(
+            not s.spec_token_ids and is_plain_greedy(s.request.params)
+            and not _held_back(s.request, 0) for s in chunks)
+
     def _sample_chunks(self, logits: torch.Tensor, requests: list[Request],
                        drafts: list[list[int]], masks: GrammarMasks | None
                        ) -> list[list[int]]:
@@ -96,11 +115,7 @@ class StepSampler:
         sample); ``logits`` holds 1 + len(drafts[k]) rows for ``requests[k]``."""
         rows: list[tuple[Request, list[int]]] = [  # (request, drafts before this row)
             (r, d[:j]) for r, d in zip(requests, drafts, strict=True) for j in range(len(d) + 1)]
-        suppress = [
-            list(r.eos_token_ids if not r.params.ignore_eos else ()) + list(r.params.stop_token_ids)
-            if r.num_output_tokens + len(before) < r.params.min_tokens else []
-            for r, before in rows
-        ]
+        suppress = [_held_back(r, len(before)) for r, before in rows]
         if (masks is None and len(rows) == len(requests) and not any(suppress)
                 and all(is_plain_greedy(r.params) for r in requests)):
             # Greedy rows, nothing to mask or penalise: one max over the logits (the
@@ -130,6 +145,14 @@ class StepSampler:
                     req.cumulative_logprob += lp
             start += len(d) + 1
         return emitted
+
+
+def _held_back(r: Request, drafts_before: int) -> list[int]:
+    """The tokens a row of ``r`` may not sample yet (its EOS and stop ids while fewer than
+    ``min_tokens`` are out, counting the drafts before the row)."""
+    if r.num_output_tokens + drafts_before >= r.params.min_tokens:
+        return []
+    return list(r.eos_token_ids if not r.params.ignore_eos else ()) + list(r.params.stop_token_ids)
 
 
 class _LogprobRows:

@@ -21,6 +21,7 @@ everything else runs the layers below, with the C++ row ops where they apply.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 
 import torch
@@ -218,6 +219,19 @@ class LlamaForCausalLM(nn.Module):
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap  # Gemma 2
         return logits
+
+    def compute_greedy(self, hidden: Tensor) -> tuple[list[int], list[bool]] | None:
+        """Each row's greedy token of ``compute_logits(hidden)`` and whether its logit is
+        finite, without every logit: a GGUF Q8_0 head's ``greedy`` kernel (bitwise the
+        argmax of the head's own logits, ``csrc/head_greedy.h``); None where the head
+        has none (then ``compute_logits``)."""
+        kernel = getattr(self.lm_head, "kernel", None)
+        if (self._stack_state != "built" or hidden.dtype != torch.float32
+                or self.config.final_logit_softcapping is not None or kernel is None
+                or not kernel.has_greedy()):
+            return None
+        values, ids = kernel.greedy(hidden)
+        return ids.tolist(), [math.isfinite(v) for v in values.tolist()]
 
     def tied_embedding(self) -> Tensor:
         """The embedding matrix [vocab, hidden] a tied LM head reads."""

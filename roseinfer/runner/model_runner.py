@@ -41,6 +41,10 @@ class StepLogits:
     # chunk (mean: the float64 sum of its rows so far; last: the prompt's last row, on the
     # completing chunk).
     pooled: dict[int, torch.Tensor] = field(default_factory=dict)
+    # A greedy step (``execute(..., greedy=True)``) on a model with a greedy head: each
+    # sampled row's argmax token and whether its logit is finite, in place of
+    # ``sample_logits`` (then empty).
+    greedy: tuple[list[int], list[bool]] | None = None
 
 
 class ModelRunner:
@@ -72,7 +76,10 @@ class ModelRunner:
         """Release what the runner started (nothing, here: see TensorParallelRunner)."""
 
     @torch.inference_mode()
-    def execute(self, scheduled: list[ScheduledRequest]) -> StepLogits:
+    def execute(self, scheduled: list[ScheduledRequest], greedy: bool = False) -> StepLogits:
+        """The step's forward. ``greedy``: every sampled row takes its argmax (plain
+        greedy requests, nothing masked); the model may then give the tokens alone
+        (``StepLogits.greedy``), the same as the argmax of the logits."""
         layout = layout_step(scheduled)
         meta = build_attention_metadata(layout.seqs, self.block_size, self.device)
         if self.lora is not None and any(layout.row_loras):
@@ -83,7 +90,15 @@ class ModelRunner:
         input_ids = torch.tensor(layout.token_ids, dtype=torch.long, device=self.device)  # [T]
         hidden = self.model(input_ids, meta.positions, self.kv_caches, meta)  # [T, H]
         t = hidden.shape[0]
-        if t and len(layout.sample_rows) == t and layout.sample_rows == list(range(t)):
+        chosen = None
+        if greedy and layout.sample_rows and hasattr(self.model, "compute_greedy"):
+            every = len(layout.sample_rows) == t and layout.sample_rows == list(range(t))
+            rows = None if every else torch.tensor(layout.sample_rows, dtype=torch.long,
+                                                    device=self.device)  # [R]
+            chosen = self.model.compute_greedy(hidden if rows is None else hidden[rows])
+        if chosen is not None:
+            sample_logits = torch.empty(0, self.config.vocab_size, device=self.device)
+        elif t and len(layout.sample_rows) == t and layout.sample_rows == list(range(t)):
             # every row sampled (a step of decodes): no gather
             sample_logits = self.model.compute_logits(hidden)  # [T, V]
         elif layout.sample_rows:
@@ -103,7 +118,7 @@ class ModelRunner:
                 pooled[i] = part
         if sample_logits.dtype != torch.float32:
             sample_logits = sample_logits.float()
-        return StepLogits(sample_logits, prompt_logits, pooled)
+        return StepLogits(sample_logits, prompt_logits, pooled, chosen)
 
 
 @dataclass(slots=True)

@@ -39,8 +39,8 @@ class ScriptedRunner:
     def __init__(self, engine: LLMEngine) -> None:
         engine.runner.execute = self.execute  # type: ignore[method-assign]
 
-    def execute(self, scheduled: list[ScheduledRequest]) -> StepLogits:
-        rows = []
+    def execute(self, scheduled: list[ScheduledRequest], greedy: bool = False) -> StepLogits:
+        rows = []  # logits even for a greedy step (the runner may give them or tokens)
         for s in scheduled:
             if not s.completes:
                 continue

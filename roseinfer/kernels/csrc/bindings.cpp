@@ -41,6 +41,8 @@ TORCH_LIBRARY(roseinfer, m) {
       .def("set_q4_weight", &roseinfer::Linear::set_q4_weight)
       .def("set_gguf_weight", &roseinfer::Linear::set_gguf_weight)
       .def("forward_portable", &roseinfer::Linear::forward_portable)
+      .def("has_greedy", &roseinfer::Linear::has_greedy)
+      .def("greedy", &roseinfer::Linear::greedy)
       .def("in_features", [](const c10::intrusive_ptr<roseinfer::Linear>& self) {
         return self->in_features;
       })

@@ -233,4 +233,18 @@ at::Tensor Linear::forward(at::Tensor x) {
   return y.view(sizes);
 }
 
+bool Linear::has_greedy() const {
+  return GreedyHead::available() && gguf && !bias.defined() && gguf->segments.size() == 1 &&
+         gguf->segments[0].quant && gguf->segments[0].type == kQ8_0;
+}
+
+std::tuple<at::Tensor, at::Tensor> Linear::greedy(at::Tensor x) const {
+  TORCH_CHECK(has_greedy(), "Linear.greedy: a GGUF Q8_0 head without bias, in a build with "
+              "AVX-512 VNNI and VBMI");
+  std::call_once(greedy_once, [&] {
+    greedy_head = std::make_shared<GreedyHead>(gguf->segments[0].quant);
+  });
+  return greedy_head->run(x);
+}
+
 }  // namespace roseinfer

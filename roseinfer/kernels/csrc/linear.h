@@ -20,10 +20,13 @@
 #include <torch/custom_class.h>
 
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <tuple>
 
 #include "common.h"
 #include "gguf_gemm.h"
+#include "head_greedy.h"
 #include "panel_gemm.h"
 #include "q8_gemm.h"
 
@@ -40,6 +43,8 @@ struct Linear : torch::CustomClassHolder {
   std::shared_ptr<PanelGemm> panels;  // fp16 weights: every input (but bf16's) runs it
   std::shared_ptr<Q8Gemm> q8;         // int8 weights: every input runs it
   std::shared_ptr<GgufGemm> gguf;     // GGUF weights as stored: every input runs it
+  mutable std::shared_ptr<GreedyHead> greedy_head;  // built on the first greedy()
+  mutable std::once_flag greedy_once;
 
   Linear(at::Tensor w, std::optional<at::Tensor> b, bool fp16);
   void set_bf16_weight(at::Tensor w, int64_t min_rows);
@@ -53,6 +58,11 @@ struct Linear : torch::CustomClassHolder {
   void run(const at::Tensor& x, at::Tensor& y) const;  // x [M,K] contiguous, y [M,N]
   at::Tensor forward(at::Tensor x);
   at::Tensor forward_portable(at::Tensor x);  // int8 / GGUF / fp32: the portable kernel (tests)
+  // An LM head of one GGUF Q8_0 part without bias, in a build with GreedyHead's int8
+  // pass: greedy() gives (values, ids) of each row's argmax of forward(x), bitwise
+  // (head_greedy.h), without computing every logit exactly.
+  bool has_greedy() const;
+  std::tuple<at::Tensor, at::Tensor> greedy(at::Tensor x) const;
 };
 
 }  // namespace roseinfer
