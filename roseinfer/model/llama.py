@@ -225,10 +225,9 @@ class LlamaForCausalLM(nn.Module):
         finite, without every logit: a GGUF Q8_0 head's ``greedy`` kernel (bitwise the
         argmax of the head's own logits, ``csrc/head_greedy.h``); None where the head
         has none (then ``compute_logits``)."""
-        kernel = getattr(self.lm_head, "kernel", None)
-        if (self._stack_state != "built" or hidden.dtype != torch.float32
-                or self.config.final_logit_softcapping is not None or kernel is None
-                or not kernel.has_greedy()):
+        kernel = getattr(self.lm_head, "kernel", None)  # compute_logits' (Fp16Linear's)
+        if (hidden.dtype != torch.float32 or self.config.final_logit_softcapping is not None
+                or kernel is None or not kernel.has_greedy()):
             return None
         values, ids = kernel.greedy(hidden)
         return ids.tolist(), [math.isfinite(v) for v in values.tolist()]

@@ -206,13 +206,11 @@ std::tuple<at::Tensor, at::Tensor> GreedyHead::run(const at::Tensor& x_) const {
       const float* d16 = dx16.data() + m * KB;
       const float* s16 = sx16.data() + m * KB;
       const float* ya = approx.get() + m * N;
-      bool finite = true;
-      for (int64_t k = 0; k < K; ++k) finite &= std::isfinite(xp[m * K + k]);
-      if (!finite) {  // the whole row as the head computes it, then its argmax
+      auto whole_row = [&] {  // every logit as the head computes it, then its argmax
         exact_panels(g, xq, d16, s16, 0, NP, exact.data());
         std::tie(vp[m], ip[m]) = row_argmax(exact.data(), N);
-        continue;
-      }
+      };
+      double mag = 0.0;  // >= every |logit| and partial sum (sum_j reach_max_j * amax_j)
       for (int64_t j = 0; j < KB; ++j) {  // delta_j + the rounding share, per unit of reach
         double delta = 0.0, amax = 0.0;
         for (int64_t k = 32 * j; k < 32 * j + 32; ++k) {
@@ -222,9 +220,13 @@ std::tuple<at::Tensor, at::Tensor> GreedyHead::run(const at::Tensor& x_) const {
           amax = std::max(amax, std::fabs(static_cast<double>(xp[m * K + k])));
         }
         slack[j] = delta + gamma * amax;
+        mag += amax * reach_max[j];
+      }
+      if (!(mag < 1e30)) {  // a NaN or inf in the row, or sums near fp32's overflow
+        whole_row();
+        continue;
       }
       // each panel's approximate maximum (max is exact in any order)
-      bool usable = true;
       int64_t pstar = 0;
       for (int64_t p = 0; p < NP; ++p) {
         float t = -std::numeric_limits<float>::infinity();
@@ -238,18 +240,12 @@ std::tuple<at::Tensor, at::Tensor> GreedyHead::run(const at::Tensor& x_) const {
           panel_max(ya, p, N, t, unused);
         }
         top[p] = t;
-        usable &= std::isfinite(t);
         if (t > top[pstar]) pstar = p;
       }
       exact_panels(g, xq, d16, s16, pstar, pstar + 1, exact.data());
       float e = -std::numeric_limits<float>::infinity();
       int64_t unused = -1;
       panel_max(exact.data(), pstar, N, e, unused);
-      if (!usable || !std::isfinite(e)) {  // overflowing sums: no bound holds; every logit
-        exact_panels(g, xq, d16, s16, 0, NP, exact.data());
-        std::tie(vp[m], ip[m]) = row_argmax(exact.data(), N);
-        continue;
-      }
       double widest = 0.0;  // the largest bound of any panel
       for (int64_t j = 0; j < KB; ++j) widest += slack[j] * reach_max[j];
       float best = -std::numeric_limits<float>::infinity();
