@@ -94,7 +94,8 @@ class LogitsRecorder:
 def recording(engine: LLMEngine) -> Iterator[LogitsRecorder]:
     """Record while inside: wraps this engine instance's ``StepSampler.sample`` and its
     model's ``compute_logits`` (the call that made the step's sample logits gives the
-    hidden states), and restores both on exit."""
+    hidden states), and restores both on exit. Greedy steps compute their logits too
+    (``greedy_only`` false: no tokens-alone head, which gives the argmax of these)."""
     recorder = LogitsRecorder()
     heads: list[tuple[torch.Tensor, torch.Tensor]] = []  # this step's (hidden, logits)
     model, step_sampler = engine.runner.model, engine.step_sampler
@@ -120,10 +121,11 @@ def recording(engine: LLMEngine) -> Iterator[LogitsRecorder]:
         return sample_rows(scheduled, logits, failed, masks)
 
     model.compute_logits, step_sampler.sample = head, sample  # these instances only
+    step_sampler.greedy_only = lambda scheduled: False
     try:
         yield recorder
     finally:
-        del model.compute_logits, step_sampler.sample
+        del model.compute_logits, step_sampler.sample, step_sampler.greedy_only
 
 
 @dataclass(frozen=True)
