@@ -46,7 +46,7 @@ def _counting(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 def test_greedy_steps_give_the_tokens_of_the_full_logits(
         llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
-    # 16 rows a decode step: the head's int8 pass (12 rows and more)
+    # 16 rows a decode step: the head's int8 pass (5 rows and more)
     greedy = [SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)] * len(PROMPTS)
     used = _counting(llm, monkeypatch)
     fast = _tokens(llm, greedy)

@@ -19,10 +19,11 @@ namespace {
 
 using F = FQ8_0;
 
-// Steps of fewer rows take every logit exactly: below it the int8 pass measured slower
-// (Zen 4, 2 threads, the default model's head: 8 rows 1.57 against 1.40 ms; 12 rows
-// 1.68 / 2.49 against 1.98 in two runs; 16 rows 1.89 against 2.55; 64 6.18 against 9.90).
-constexpr int64_t kMinRows = 12;
+// Steps of fewer rows take every logit exactly: their GEMV reads the weights at the
+// memory's rate either way (Zen 4, 2 threads, the default model's head, ms: 2 rows 0.38
+// against 0.54 with the int8 pass, 4 rows 0.63-0.76 against 0.74-0.83; 5 rows 0.82-0.89
+// against 0.74-0.82, 8 rows 1.29 against 0.98, 16 2.55 against 1.67, 64 9.90 against 5.88).
+constexpr int64_t kMinRows = 5;
 
 // The exact (head) logits of one row, panels [p0, p1), into y (a row of the head's N):
 // the head's own 1-row loop, whose bits every row count shares.
@@ -155,7 +156,8 @@ std::tuple<at::Tensor, at::Tensor> GreedyHead::run(const at::Tensor& x_) const {
     for (int64_t m = 0; m < M; ++m) std::tie(vp[m], ip[m]) = row_argmax(y.get() + m * N, N);
     return {values, ids};
   }
-  std::unique_ptr<float[]> approx(new float[M * N]);  // every value written below
+  // each row's approximate maximum per panel (max is exact in any order), [M, NP]
+  std::unique_ptr<float[]> tops(new float[M * NP]);  // every value written below
   // int8 activations, one scale per 32 values (dx = max|x| / 127), biased by 128
   std::vector<int8_t> q8(M * K);
   std::vector<float> dx8(M * KB);
@@ -185,10 +187,9 @@ std::tuple<at::Tensor, at::Tensor> GreedyHead::run(const at::Tensor& x_) const {
           __m512 acc[MR];
           const uint8_t* ahead = m == 0 && p + 1 < p1 ? g.bytes + (p + 1) * KB * F::kPanel : nullptr;
           approx_rows<MR>(pw, KB, a8.data() + m * K, dx8t.data() + m * KB, ahead, acc);
-          alignas(64) float out[MR * 16];
-          for (int r = 0; r < MR; ++r) _mm512_store_ps(out + 16 * r, acc[r]);
-          store_tile(out, MR, p * 16, std::min<int64_t>(16, N - p * 16), nullptr,
-                     approx.get() + m * N, N);
+          const int64_t valid = std::min<int64_t>(16, N - p * 16);
+          const __mmask16 cols = static_cast<__mmask16>((1u << valid) - 1);
+          for (int r = 0; r < MR; ++r) tops[(m + r) * NP + p] = _mm512_mask_reduce_max_ps(cols, acc[r]);
         });
       }
     }
@@ -200,12 +201,11 @@ std::tuple<at::Tensor, at::Tensor> GreedyHead::run(const at::Tensor& x_) const {
   at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
     std::vector<float> exact(N);
     std::vector<double> slack(KB);
-    std::vector<float> top(NP);
     for (int64_t m = m0; m < m1; ++m) {
       const int16_t* xq = q16.data() + m * K;
       const float* d16 = dx16.data() + m * KB;
       const float* s16 = sx16.data() + m * KB;
-      const float* ya = approx.get() + m * N;
+      const float* top = tops.get() + m * NP;
       auto whole_row = [&] {  // every logit as the head computes it, then its argmax
         exact_panels(g, xq, d16, s16, 0, NP, exact.data());
         std::tie(vp[m], ip[m]) = row_argmax(exact.data(), N);
@@ -226,22 +226,9 @@ std::tuple<at::Tensor, at::Tensor> GreedyHead::run(const at::Tensor& x_) const {
         whole_row();
         continue;
       }
-      // each panel's approximate maximum (max is exact in any order)
-      int64_t pstar = 0;
-      for (int64_t p = 0; p < NP; ++p) {
-        float t = -std::numeric_limits<float>::infinity();
-#ifdef ROSEINFER_GREEDY_HEAD
-        if (p * 16 + 16 <= N) {
-          t = _mm512_reduce_max_ps(_mm512_loadu_ps(ya + p * 16));
-        } else
-#endif
-        {
-          int64_t unused = -1;
-          panel_max(ya, p, N, t, unused);
-        }
-        top[p] = t;
-        if (t > top[pstar]) pstar = p;
-      }
+      int64_t pstar = 0;  // the first panel of the largest approximate logit
+      for (int64_t p = 1; p < NP; ++p)
+        if (top[p] > top[pstar]) pstar = p;
       exact_panels(g, xq, d16, s16, pstar, pstar + 1, exact.data());
       float e = -std::numeric_limits<float>::infinity();
       int64_t unused = -1;
