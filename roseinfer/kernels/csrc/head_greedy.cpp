@@ -49,7 +49,8 @@ struct PanelInt8 {
   void load(const uint8_t* panel, int64_t KB) {
     alignas(64) uint8_t idx[64];
     for (int c = 0; c < 16; ++c)
-      for (int i = 0; i < 4; ++i) idx[4 * c + i] = static_cast<uint8_t>(i < 2 ? 2 * c + i : 32 + 2 * c + i - 2);
+      for (int i = 0; i < 4; ++i)
+        idx[4 * c + i] = static_cast<uint8_t>(i < 2 ? 2 * c + i : 32 + 2 * c + i - 2);
     const __m512i perm = _mm512_load_si512(idx);
     const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
     for (int64_t j = 0; j < KB; ++j) {
@@ -60,7 +61,8 @@ struct PanelInt8 {
         sum = _mm512_dpbusd_epi32(sum, bias, w[8 * j + t]);
       }
       neg_sum[j] = _mm512_sub_epi32(_mm512_setzero_si512(), sum);
-      d[j] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + F::kScaleOff)));
+      const auto* h = reinterpret_cast<const __m256i*>(blk + F::kScaleOff);
+      d[j] = _mm512_cvtph_ps(_mm256_loadu_si256(h));
     }
   }
 };
@@ -84,11 +86,13 @@ void approx_rows(const PanelInt8& pw, int64_t KB, const uint8_t* at, const float
     for (int m = 0; m < MR; ++m) z[m] = pw.neg_sum[j];
     for (int t = 0; t < 8; ++t) {
       const __m512i wt = _mm512_load_si512(w + t);
-      for (int m = 0; m < MR; ++m) z[m] = _mm512_dpbusd_epi32(z[m], _mm512_set1_epi32(a[8 * m + t]), wt);
+      for (int m = 0; m < MR; ++m)
+        z[m] = _mm512_dpbusd_epi32(z[m], _mm512_set1_epi32(a[8 * m + t]), wt);
     }
     const float* dx = dxt + j * MR;
     for (int m = 0; m < MR; ++m)
-      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(z[m]), _mm512_mul_ps(pw.d[j], _mm512_set1_ps(dx[m])), acc[m]);
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(z[m]),
+                               _mm512_mul_ps(pw.d[j], _mm512_set1_ps(dx[m])), acc[m]);
   }
 }
 #endif  // ROSEINFER_GREEDY_HEAD
@@ -114,10 +118,12 @@ GreedyHead::GreedyHead(std::shared_ptr<GgufPanels> p) : panels(std::move(p)) {
         for (int c = 0; c < 16 && p * 16 + c < g.N; ++c) {
           int64_t s = 0;
           for (int e = 0; e < 32; ++e) s += std::abs(F::Ints::get(blk, c, e));
-          most = std::max(most, std::fabs(static_cast<double>(F::scales(blk + F::kScaleOff, 0, c).d0)) * s);
+          const double d = F::scales(blk + F::kScaleOff, 0, c).d0;
+          most = std::max(most, std::fabs(d) * s);
         }
         // rounded up: the bound stays a bound
-        reach[p * KB + j] = std::nextafter(static_cast<float>(most), std::numeric_limits<float>::infinity());
+        reach[p * KB + j] =
+            std::nextafter(static_cast<float>(most), std::numeric_limits<float>::infinity());
       }
   });
   reach_max.assign(KB, 0.f);
@@ -144,7 +150,7 @@ std::tuple<at::Tensor, at::Tensor> GreedyHead::run(const at::Tensor& x_) const {
   auto ids = at::empty({M}, x.options().dtype(at::kLong));
   if (M == 0) return {values, ids};
   const float* xp = x.data_ptr<float>();
-  // The head's own int16 activations (GgufGemm::run's), and the int8 ones.
+  // The head's own int16 activations (GgufGemm::run's).
   std::vector<int16_t> q16(M * K);
   std::vector<float> dx16(M * KB), sx16(M * KB);
   quantize_rows(xp, M, K, q16.data(), dx16.data(), sx16.data(), false);
@@ -163,7 +169,8 @@ std::tuple<at::Tensor, at::Tensor> GreedyHead::run(const at::Tensor& x_) const {
   std::vector<float> dx8(M * KB);
 #ifdef ROSEINFER_GREEDY_HEAD
   at::parallel_for(0, M * KB, kQuantGrain, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) quantize_scalar<int8_t, 32>(xp + 32 * b, q8.data() + 32 * b, dx8.data() + b);
+    for (int64_t b = b0; b < b1; ++b)
+      quantize_scalar<int8_t, 32>(xp + 32 * b, q8.data() + 32 * b, dx8.data() + b);
   });
   // + 128, in tile order: rows m0 .. m0 + mr - 1 (mr <= 8) at m0 * K, block by block
   std::vector<uint8_t> a8(M * K);
@@ -174,10 +181,12 @@ std::tuple<at::Tensor, at::Tensor> GreedyHead::run(const at::Tensor& x_) const {
       for (int64_t r = 0; r < mr; ++r) {
         dx8t[m0 * KB + j * mr + r] = dx8[(m0 + r) * KB + j];
         for (int64_t b = 0; b < 32; ++b)
-          a8[m0 * K + (j * mr + r) * 32 + b] = static_cast<uint8_t>(q8[(m0 + r) * K + 32 * j + b]) ^ 0x80;
+          a8[m0 * K + (j * mr + r) * 32 + b] =
+              static_cast<uint8_t>(q8[(m0 + r) * K + 32 * j + b]) ^ 0x80;
       }
   }
-  parallel_chunks(NP, std::max<int64_t>(1, (int64_t(1) << 17) / (M * K * 16)), [&](int64_t p0, int64_t p1) {
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 17) / (M * K * 16));
+  parallel_chunks(NP, grain, [&](int64_t p0, int64_t p1) {
     PanelInt8 pw(KB);
     for (int64_t p = p0; p < p1; ++p) {
       pw.load(g.bytes + p * KB * F::kPanel, KB);
@@ -185,11 +194,13 @@ std::tuple<at::Tensor, at::Tensor> GreedyHead::run(const at::Tensor& x_) const {
         with_rows8(std::min<int64_t>(8, M - m), [&](auto rows) {
           constexpr int MR = decltype(rows)::value;
           __m512 acc[MR];
-          const uint8_t* ahead = m == 0 && p + 1 < p1 ? g.bytes + (p + 1) * KB * F::kPanel : nullptr;
+          const uint8_t* ahead =
+              m == 0 && p + 1 < p1 ? g.bytes + (p + 1) * KB * F::kPanel : nullptr;
           approx_rows<MR>(pw, KB, a8.data() + m * K, dx8t.data() + m * KB, ahead, acc);
           const int64_t valid = std::min<int64_t>(16, N - p * 16);
           const __mmask16 cols = static_cast<__mmask16>((1u << valid) - 1);
-          for (int r = 0; r < MR; ++r) tops[(m + r) * NP + p] = _mm512_mask_reduce_max_ps(cols, acc[r]);
+          for (int r = 0; r < MR; ++r)
+            tops[(m + r) * NP + p] = _mm512_mask_reduce_max_ps(cols, acc[r]);
         });
       }
     }

@@ -5,8 +5,8 @@
 //
 // Steps of 5 rows and more (fewer: every logit exactly, then the argmax), per row:
 // (1) every logit approximately, with int8 activations per 32 values (vpdpbusd: half
-// the int16 loop's dot instructions), kept as each panel's maximum; (2) per 16-column panel p a bound B_p on
-// |exact - approximate| over its columns:
+// the int16 loop's dot instructions), kept as each panel's maximum; (2) per 16-column
+// panel p a bound B_p on |exact - approximate| over its columns:
 //   exact - approx = sum_k w_k (x16_k - x8_k),  |.| <= sum_j delta_j * reach[p, j]
 // with delta_j the largest |x16 - x8| of 32-block j of the row (both roundings known) and
 // reach[p, j] the largest d * sum|q| of block j over the panel's columns, plus a margin
