@@ -90,22 +90,17 @@ class ModelRunner:
         input_ids = torch.tensor(layout.token_ids, dtype=torch.long, device=self.device)  # [T]
         hidden = self.model(input_ids, meta.positions, self.kv_caches, meta)  # [T, H]
         t = hidden.shape[0]
+        sampled = None  # [R, H]: the rows to sample (a step of decodes: every row, no gather)
+        if layout.sample_rows:
+            sampled = hidden if layout.sample_rows == list(range(t)) else hidden[
+                torch.tensor(layout.sample_rows, dtype=torch.long, device=self.device)]
         chosen = None
-        if greedy and layout.sample_rows and hasattr(self.model, "compute_greedy"):
-            every = len(layout.sample_rows) == t and layout.sample_rows == list(range(t))
-            rows = None if every else torch.tensor(layout.sample_rows, dtype=torch.long,
-                                                    device=self.device)  # [R]
-            chosen = self.model.compute_greedy(hidden if rows is None else hidden[rows])
-        if chosen is not None:
+        if greedy and sampled is not None and hasattr(self.model, "compute_greedy"):
+            chosen = self.model.compute_greedy(sampled)
+        if sampled is None or chosen is not None:
             sample_logits = torch.empty(0, self.config.vocab_size, device=self.device)
-        elif t and len(layout.sample_rows) == t and layout.sample_rows == list(range(t)):
-            # every row sampled (a step of decodes): no gather
-            sample_logits = self.model.compute_logits(hidden)  # [T, V]
-        elif layout.sample_rows:
-            rows = torch.tensor(layout.sample_rows, dtype=torch.long, device=self.device)  # [R]
-            sample_logits = self.model.compute_logits(hidden[rows])  # [R, V]
         else:
-            sample_logits = torch.empty(0, self.config.vocab_size, device=self.device)
+            sample_logits = self.model.compute_logits(sampled)  # [R, V]
         prompt_logits = {i: self.model.compute_logits(hidden[a:b])  # [num_new_tokens, V]
                          for i, (a, b) in layout.prompt_ranges.items()}
         pooled = {}
