@@ -64,3 +64,29 @@ def test_chunk_rows_match_a_float64_attention() -> None:
         p = torch.softmax((q[i].double().unsqueeze(1) @ k.transpose(1, 2)) * head_dim**-0.5, -1)
         want = (p @ v).squeeze(1)
         torch.testing.assert_close(got[i].double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("head_dim", [64, 256])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_long_chunks_equal_each_row_alone(head_dim: int, threads: int) -> None:
+    """Chunks whose tiles reach across many 16-position blocks (the tiles' transposed keys
+    grow tile by tile, a partly filled block redone), two sequences' chunks one after
+    the other and a run of equal lengths, split over 1-3 threads: every row equals itself
+    alone."""
+    h, hkv, bs = 8, 2, 16
+    gen = torch.Generator().manual_seed(5)
+    runs = [list(range(5, 75)), list(range(90, 107)), [50] * 6]
+    tables, seq, lens = chunk_batch(runs, 8, bs, gen)
+    cache = torch.randn(2, tables.numel() * bs, hkv, head_dim, generator=gen).half()
+    q = torch.randn(len(lens), h, head_dim, generator=gen)
+    scale = head_dim**-0.5
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        batch = torch.ops.roseinfer.paged_attention(q, cache, tables, seq, lens, bs, scale)
+    finally:
+        torch.set_num_threads(before)
+    for i in range(len(lens)):
+        alone = torch.ops.roseinfer.paged_attention(q[i : i + 1], cache, tables, seq[i : i + 1],
+                                                    lens[i : i + 1], bs, scale)
+        assert torch.equal(alone[0], batch[i]), i

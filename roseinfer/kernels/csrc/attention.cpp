@@ -245,6 +245,9 @@ void attend_rows(const float* q, const KV* kc, const KV* vc, const int32_t* bt,
 #endif
   parallel_items(order, lens, Hkv, [&](int64_t b0, int64_t e0) {
     std::vector<float> scores;
+#ifdef ROSEINFER_AVX512
+    KeysT keys_t;  // the tiles' transposed K rows
+#endif
 #ifdef ROSEINFER_AVX2
     SequencePrefetch next_seq;  // stream_next: the range's next sequence into L2
     SequencePrefetch* const ns = stream_next ? &next_seq : nullptr;
@@ -267,7 +270,8 @@ void attend_rows(const float* q, const KV* kc, const KV* vc, const int32_t* bt,
         scores.resize(kTileRows * std::min<int64_t>(3, G) * *std::max_element(Lt, Lt + kTileRows));
         auto tile = Dh == 32 ? attend_item_tile<32, KV> : Dh == 64 ? attend_item_tile<64, KV>
                   : Dh == 128 ? attend_item_tile<128, KV> : attend_item_tile<256, KV>;
-        tile(qd, H * Dh, kc, vc, table, Lt, G, row, bs, kh, scale, scores.data(), od, H * Dh);
+        tile(qd, H * Dh, kc, vc, table, Lt, G, row, bs, kh, scale, scores.data(), od, H * Dh,
+             keys_t);
         i += kTileRows - 1;
         continue;
       }

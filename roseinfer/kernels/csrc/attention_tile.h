@@ -3,8 +3,8 @@
 // so each K and V vector is loaded and widened once for the four rows instead of once a
 // row.  Every (row, head) value keeps attend_heads' arithmetic exactly: the same 8-lane
 // FMA chains and reduce4 tree per score, the same softmax_row, the same FMA chain over
-// the positions per output lane; rows only share loads.  So a row's output never depends
-// on whether it ran in a tile (tested: tests/kernels and scripts/isa_variants).  AVX-512.
+// the positions per output lane (past a row's end its lanes are masked off); rows only
+// share loads.  So a row's output never depends on whether it ran in a tile (tested: tests/kernels and scripts/isa_variants).  AVX-512.
 #pragma once
 
 #include <algorithm>
@@ -44,88 +44,144 @@ inline bool tile_rows_at(const std::vector<int64_t>& order, int64_t i, int64_t e
   return true;
 }
 
+// A thread's K rows of one (sequence, KV head), transposed for the tiles' scores: blocks
+// of 16 positions, each DH vectors of the 16 positions' values at one dim (fp32), so a
+// score's eight lane chains are eight registers of 16 positions and its reduce4 tree is
+// vertical adds.  A chunk's tiles come in row order, each reaching 4 positions further:
+// extend() transposes only the positions not yet done (a partial last block again, its
+// positions past the length zero).  Values are copied, never rounded: the same bits.
+struct KeysT {
+  const void* cache = nullptr;  // the K half, table and KV head the blocks hold
+  const int32_t* table = nullptr;
+  int64_t kh = -1, done = 0;
+  std::vector<__m512> t;  // [block][DH]: 16 positions a vector (64-byte aligned)
+
+  template <int DH, typename KV>
+  const float* extend(const KV* kc, const int32_t* tbl, int64_t row, int64_t bs, int64_t h,
+                      int64_t L) {
+    if (cache != kc || table != tbl || kh != h) cache = kc, table = tbl, kh = h, done = 0;
+    if (L > done) {
+      const int64_t b1 = (L + 15) / 16;
+      t.resize(b1 * DH);
+      const KV* const zero = reinterpret_cast<const KV*>(kZeroRow);
+      for (int64_t b = done / 16; b < b1; ++b) {
+        const KV* k[16];
+        SlotCursor c(tbl, bs, b * 16);
+        for (int i = 0; i < 16; ++i, c.next())
+          k[i] = b * 16 + i < L ? kc + c.slot() * row + h * DH : zero;
+        float* dst = reinterpret_cast<float*>(t.data() + b * DH);
+        for (int d0 = 0; d0 < DH; d0 += 16) {
+          __m512 x[16];
+          for (int i = 0; i < 16; ++i) x[i] = load16(k[i] + d0);
+          transpose16(x);
+          for (int i = 0; i < 16; ++i) _mm512_store_ps(dst + (d0 + i) * 16, x[i]);
+        }
+      }
+      done = L;
+    }
+    return reinterpret_cast<const float*>(t.data());
+  }
+
+ private:
+  // x[i][j] -> x[j][i].
+  static inline void transpose16(__m512 (&x)[16]) {
+    __m512 a[16];
+    for (int i = 0; i < 16; i += 2) {
+      a[i] = _mm512_unpacklo_ps(x[i], x[i + 1]);
+      a[i + 1] = _mm512_unpackhi_ps(x[i], x[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4)
+      for (int j = 0; j < 2; ++j) {
+        x[i + 2 * j] = _mm512_shuffle_ps(a[i + j], a[i + j + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        x[i + 2 * j + 1] = _mm512_shuffle_ps(a[i + j], a[i + j + 2], _MM_SHUFFLE(3, 2, 3, 2));
+      }
+    for (int i = 0; i < 16; i += 8)
+      for (int j = 0; j < 4; ++j) {
+        a[i + j] = _mm512_shuffle_f32x4(x[i + j], x[i + j + 4], _MM_SHUFFLE(2, 0, 2, 0));
+        a[i + j + 4] = _mm512_shuffle_f32x4(x[i + j], x[i + j + 4], _MM_SHUFFLE(3, 1, 3, 1));
+      }
+    for (int j = 0; j < 8; ++j) {
+      x[j] = _mm512_shuffle_f32x4(a[j], a[j + 8], _MM_SHUFFLE(2, 0, 2, 0));
+      x[j + 8] = _mm512_shuffle_f32x4(a[j], a[j + 8], _MM_SHUFFLE(3, 1, 3, 1));
+    }
+  }
+};
+
+// GB heads' scores at 16 positions from a KeysT block kt ([DH][16]): lane j's chain
+// over v of k[8v + j] * q[8v + j] is register a[g][j] (16 positions), then reduce4's
+// tree ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) and the scale: attend_heads'
+// arithmetic for every score.  n (<= 16) stored at out[g * ld ..].
+template <int DH, int GB>
+static inline void scores16_t(const float* q, const float* kt, float scale, int64_t n,
+                              float* out, int64_t ld) {
+  __m512 a[GB][8];
+  for (int g = 0; g < GB; ++g)
+    for (int j = 0; j < 8; ++j) a[g][j] = _mm512_setzero_ps();
+  for (int v = 0; v < DH / 8; ++v)
+    for (int j = 0; j < 8; ++j) {
+      __m512 k = _mm512_load_ps(kt + (8 * v + j) * 16);
+      if (GB > 1) __asm__("" : "+v"(k));  // one load for the GB heads' FMAs
+      for (int g = 0; g < GB; ++g)
+        a[g][j] = _mm512_fmadd_ps(k, _mm512_set1_ps(q[g * DH + 8 * v + j]), a[g][j]);
+    }
+  const __mmask16 keep = static_cast<__mmask16>((1u << n) - 1);
+  for (int g = 0; g < GB; ++g) {
+    const __m512 lo = _mm512_add_ps(_mm512_add_ps(a[g][0], a[g][1]), _mm512_add_ps(a[g][2], a[g][3]));
+    const __m512 hi = _mm512_add_ps(_mm512_add_ps(a[g][4], a[g][5]), _mm512_add_ps(a[g][6], a[g][7]));
+    _mm512_mask_storeu_ps(out + g * ld, keep,
+                          _mm512_mul_ps(_mm512_add_ps(lo, hi), _mm512_set1_ps(scale)));
+  }
+}
+
 // Query heads [0, GB) of KV head kh for kTileRows rows of one sequence: row r's heads at
 // q + r * qstride (stride DH), its length L[r], its output at od + r * ostride.  scores:
-// kTileRows * GB rows of max(L) floats.  Keys up to the longest row are scored for every
-// row (a shorter row's extra scores are never read); P.V runs the shared positions
-// (below the shortest row) for all rows, then each row's chains go on alone to its end.
+// kTileRows * GB rows of max(L) floats.  Each row is scored to its own length in blocks
+// of 16 positions from keys (a shorter row's scores past its end are never used); P.V
+// walks to the longest row, each row's FMAs masked off past its end.
 template <int DH, int GB, typename KV>
 static void attend_heads_tile(const float* q, int64_t qstride, const KV* kc, const KV* vc,
                               const int32_t* table, const int64_t (&L)[kTileRows], int64_t row,
                               int64_t bs, int64_t kh, float scale, float* scores, float* od,
-                              int64_t ostride) {
+                              int64_t ostride, KeysT& keys) {
   static_assert(DH % 32 == 0, "P.V takes 32 output dims a pass");
   constexpr int R = kTileRows;
   constexpr int64_t kRowBytes = DH * sizeof(KV);
-  const int64_t Lmax = *std::max_element(L, L + R), Lmin = *std::min_element(L, L + R);
+  const int64_t Lmax = *std::max_element(L, L + R);
   auto sc = [&](int r, int g) { return scores + (r * GB + g) * Lmax; };
-  KeyWalk4<KV> keys(table, bs, kc + kh * DH, row, Lmax, kRowBytes);
-  for (int64_t t0 = 0; t0 < Lmax; t0 += 4) {  // scores4_zmm for every row
-    const int64_t n = std::min<int64_t>(4, Lmax - t0);
-    const KV* k[4];
-    keys.next(t0, n, k);
-    __m512 a[R][GB][2];
+  const float* kt = keys.extend<DH>(kc, table, row, bs, kh, Lmax);
+  for (int64_t t0 = 0; t0 < Lmax; t0 += 16)
     for (int r = 0; r < R; ++r)
-      for (int g = 0; g < GB; ++g) a[r][g][0] = a[r][g][1] = _mm512_setzero_ps();
-    for (int v = 0; v < DH / 8; ++v) {
-      const __m512 k01 = load8x2(k[0] + 8 * v, k[1] + 8 * v);
-      const __m512 k23 = load8x2(k[2] + 8 * v, k[3] + 8 * v);
-      for (int r = 0; r < R; ++r)
-        for (int g = 0; g < GB; ++g) {
-          const __m512 qv = _mm512_broadcast_f32x8(_mm256_loadu_ps(q + r * qstride + g * DH + 8 * v));
-          a[r][g][0] = _mm512_fmadd_ps(k01, qv, a[r][g][0]);
-          a[r][g][1] = _mm512_fmadd_ps(k23, qv, a[r][g][1]);
-        }
-    }
-    for (int r = 0; r < R; ++r)
-      for (int g = 0; g < GB; ++g) {
-        const __m256 h[4] = {_mm512_castps512_ps256(a[r][g][0]), _mm512_extractf32x8_ps(a[r][g][0], 1),
-                             _mm512_castps512_ps256(a[r][g][1]), _mm512_extractf32x8_ps(a[r][g][1], 1)};
-        const __m128 s = _mm_mul_ps(reduce4(h), _mm_set1_ps(scale));
-        if (n == 4) {
-          _mm_storeu_ps(sc(r, g) + t0, s);
-        } else {
-          alignas(16) float tmp[4];
-          _mm_store_ps(tmp, s);
-          for (int64_t j = 0; j < n; ++j) sc(r, g)[t0 + j] = tmp[j];
-        }
-      }
-  }
+      if (t0 < L[r])
+        scores16_t<DH, GB>(q + r * qstride, kt + t0 * DH, scale,
+                           std::min<int64_t>(16, L[r] - t0), sc(r, 0) + t0, Lmax);
   RowsAhead<KV> va(table, bs, vc + kh * DH, row, Lmax, kRowBytes);
   for (int r = 0; r < R; ++r)
     for (int g = 0; g < GB; ++g) softmax_row(sc(r, g), L[r]);
+  __mmask16 live[R];  // lanes of row r's chains at the position (all, or none past L[r])
   for (int ch = 0; ch < DH / 16; ch += 2) {  // 32 output dims a pass
     __m512 acc[R][GB][2];
     for (int r = 0; r < R; ++r)
       for (int g = 0; g < GB; ++g) acc[r][g][0] = acc[r][g][1] = _mm512_setzero_ps();
     SlotCursor v(table, bs, 0);
-    for (int64_t t = 0; t < Lmin; ++t, v.next()) {
+    // One walk to the longest row: past a row's end its chains are masked off (left as
+    // they are, not added to), so each row's chain is its own positions' FMAs in order.
+    for (int64_t t = 0; t < Lmax; ++t, v.next()) {
       if (ch == 0) va.step(t);
       const KV* vr = vc + v.slot() * row + kh * DH + 16 * ch;
       const __m512 v0 = load16(vr), v1 = load16(vr + 16);
+      for (int r = 0; r < R; ++r) live[r] = t < L[r] ? (__mmask16)0xFFFF : (__mmask16)0;
       for (int r = 0; r < R; ++r)
         for (int g = 0; g < GB; ++g) {
           const __m512 p = _mm512_set1_ps(sc(r, g)[t]);
-          acc[r][g][0] = _mm512_fmadd_ps(p, v0, acc[r][g][0]);
-          acc[r][g][1] = _mm512_fmadd_ps(p, v1, acc[r][g][1]);
+          acc[r][g][0] = _mm512_mask3_fmadd_ps(p, v0, acc[r][g][0], live[r]);
+          acc[r][g][1] = _mm512_mask3_fmadd_ps(p, v1, acc[r][g][1], live[r]);
         }
     }
-    for (int r = 0; r < R; ++r) {  // each row's own last positions, its chains going on
-      SlotCursor w = v;
-      for (int64_t t = Lmin; t < L[r]; ++t, w.next()) {
-        const KV* vr = vc + w.slot() * row + kh * DH + 16 * ch;
-        const __m512 v0 = load16(vr), v1 = load16(vr + 16);
-        for (int g = 0; g < GB; ++g) {
-          const __m512 p = _mm512_set1_ps(sc(r, g)[t]);
-          acc[r][g][0] = _mm512_fmadd_ps(p, v0, acc[r][g][0]);
-          acc[r][g][1] = _mm512_fmadd_ps(p, v1, acc[r][g][1]);
-        }
-      }
+    for (int r = 0; r < R; ++r)
       for (int g = 0; g < GB; ++g) {
         _mm512_storeu_ps(od + r * ostride + g * DH + 16 * ch, acc[r][g][0]);
         _mm512_storeu_ps(od + r * ostride + g * DH + 16 * ch + 16, acc[r][g][1]);
       }
-    }
   }
 }
 
@@ -134,14 +190,14 @@ template <int DH, typename KV>
 static void attend_item_tile(const float* qd, int64_t qstride, const KV* kc, const KV* vc,
                              const int32_t* table, const int64_t (&L)[kTileRows], int64_t G,
                              int64_t row, int64_t bs, int64_t kh, float scale, float* scores,
-                             float* od, int64_t ostride) {
+                             float* od, int64_t ostride, KeysT& keys) {
   for (int64_t g0 = 0; g0 < G;) {
     const int64_t gb = std::min<int64_t>(3, G - g0);
     const float* q = qd + g0 * DH;
     float* o = od + g0 * DH;
-    if (gb == 3) attend_heads_tile<DH, 3>(q, qstride, kc, vc, table, L, row, bs, kh, scale, scores, o, ostride);
-    else if (gb == 2) attend_heads_tile<DH, 2>(q, qstride, kc, vc, table, L, row, bs, kh, scale, scores, o, ostride);
-    else attend_heads_tile<DH, 1>(q, qstride, kc, vc, table, L, row, bs, kh, scale, scores, o, ostride);
+    if (gb == 3) attend_heads_tile<DH, 3>(q, qstride, kc, vc, table, L, row, bs, kh, scale, scores, o, ostride, keys);
+    else if (gb == 2) attend_heads_tile<DH, 2>(q, qstride, kc, vc, table, L, row, bs, kh, scale, scores, o, ostride, keys);
+    else attend_heads_tile<DH, 1>(q, qstride, kc, vc, table, L, row, bs, kh, scale, scores, o, ostride, keys);
     g0 += gb;
   }
 }
