@@ -89,6 +89,9 @@ class BlockManager:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self._free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self._cached: dict[int, int] = {}  # block hash -> block id
+        # Blocks in _free_queue that hold a hash (kept as they come and go: the stats read
+        # it after every step, and counting a pool of thousands took ~0.3 ms a read).
+        self._num_cached_free = 0
         # Prefix-cache counters (tokens), read by metrics.
         self.prefix_queries = 0
         self.prefix_hits = 0
@@ -103,7 +106,7 @@ class BlockManager:
     @property
     def num_cached_blocks(self) -> int:
         """Unused blocks that still hold a reusable prefix."""
-        return sum(1 for b in self._free_queue if self.blocks[b].block_hash is not None)
+        return self._num_cached_free
 
     @property
     def num_used_blocks(self) -> int:
@@ -220,6 +223,7 @@ class BlockManager:
                 block = self.blocks[block_id]
                 if block.ref_count == 0:
                     del self._free_queue[block_id]
+                    self._num_cached_free -= block.block_hash is not None
                 block.ref_count += 1
                 request.block_table.append(block_id)
             request.num_computed_tokens = len(cached) * self.block_size
@@ -236,6 +240,7 @@ class BlockManager:
         block_id, _ = self._free_queue.popitem(last=False)
         block = self.blocks[block_id]
         if block.block_hash is not None:  # evict its cached prefix
+            self._num_cached_free -= 1
             if self.disk is not None:  # (its K/V are copied out before the slot is reused)
                 self.disk.save(block_id, block.block_hash, block.parent_hash, block.token_ids)
             if self._cached.get(block.block_hash) == block_id:
@@ -272,6 +277,7 @@ class BlockManager:
                 self._free_queue.move_to_end(block_id, last=False)
             else:
                 self._free_queue[block_id] = None  # cached: most recently used
+                self._num_cached_free += 1
 
     def cache_full_blocks(self, request: Request) -> None:
         """Register the request's newly computed full blocks in the prefix cache."""
@@ -308,6 +314,7 @@ class BlockManager:
             block = self.blocks[block_id]
             if block.block_hash is not None:
                 self._cached.pop(block.block_hash, None)
+                self._num_cached_free -= 1
                 block.block_hash = None
                 block.parent_hash = None
                 block.token_ids = ()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from roseinfer.engine.block_manager import BlockManager
 from roseinfer.engine.request import Request
 from roseinfer.sampling_params import SamplingParams
@@ -15,6 +18,7 @@ def check_accounting(bm: BlockManager) -> None:
     used = sum(1 for b in bm.blocks if b.ref_count > 0)
     assert bm.num_free_blocks + used == bm.num_blocks
     cached = bm.num_cached_blocks
+    assert cached == sum(1 for b in bm.blocks if b.ref_count == 0 and b.block_hash is not None)
     assert (bm.num_free_blocks - cached) + cached + used == bm.num_blocks
 
 
@@ -130,3 +134,36 @@ def test_reset_prefix_cache() -> None:
     bm.reset_prefix_cache()
     assert bm.num_cached_blocks == 0
     assert bm.find_cached_blocks(make_req("b", [1, 2, 3, 4, 5])) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["admit", "grow", "free", "trim", "reset"]),
+                          st.integers(0, 3)), max_size=40))
+def test_cached_count_follows_every_change(ops: list[tuple[str, int]]) -> None:
+    """num_cached_blocks (a counter kept as blocks come and go) equals a count of the
+    unused blocks holding a prefix after any mix of admissions (prefix hits included),
+    growth, frees, trims and resets, in a pool small enough to evict."""
+    bm = BlockManager(num_blocks=12, block_size=2)
+    prompts = [[1, 2, 3, 4, 5], [1, 2, 3, 4, 9, 9], [1, 2, 7], [5, 6, 7, 8, 1, 2, 3]]
+    live: dict[int, object] = {}
+    for n, (kind, i) in enumerate(ops):
+        r = live.get(i)
+        if kind == "admit" and r is None:
+            r = make_req(f"{i}-{n}", prompts[i])
+            cached = bm.find_cached_blocks(r)
+            if bm.allocate(r, r.num_tokens - len(cached) * bm.block_size, cached):
+                r.num_computed_tokens = r.num_tokens
+                bm.cache_full_blocks(r)
+                live[i] = r
+        elif kind == "grow" and r is not None and bm.allocate(r, 1):
+            r.append_token(40 + n)
+            r.num_computed_tokens = r.num_tokens
+            bm.cache_full_blocks(r)
+        elif kind == "free" and r is not None:
+            bm.free(r)
+            del live[i]
+        elif kind == "trim" and r is not None:
+            bm.trim(r)
+        elif kind == "reset":
+            bm.reset_prefix_cache()
+        check_accounting(bm)
