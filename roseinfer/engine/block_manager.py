@@ -30,6 +30,7 @@ computed one, and returned as a hit.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -107,6 +108,10 @@ class BlockManager:
     def num_cached_blocks(self) -> int:
         """Unused blocks that still hold a reusable prefix."""
         return self._num_cached_free
+
+    def next_fresh_blocks(self, n: int) -> list[int]:
+        """The first ``n`` blocks an allocation would take now (the LRU front)."""
+        return list(itertools.islice(self._free_queue, n))
 
     @property
     def num_used_blocks(self) -> int:

@@ -116,6 +116,19 @@ def allocate_kv_caches(model_config: ModelConfig, num_blocks: int, block_size: i
             for _ in range(model_config.num_layers)]
 
 
+def touch_blocks(kv_caches: list[Tensor], block_ids: list[int], block_size: int) -> None:
+    """Write zeros into the slots of ``block_ids`` in every layer's cache, so their pages
+    are backed before a timed run takes them (benchmarks: a long-running server's blocks
+    were written before, and llama.cpp zeroes its whole cache at start).  Unused blocks
+    only: what a block held before it is written again is never read."""
+    if not block_ids:
+        return
+    ids = torch.tensor(block_ids, dtype=torch.long)
+    for cache in kv_caches:
+        blocks = cache.view(cache.shape[0], -1, block_size, *cache.shape[2:])
+        blocks[:, ids.to(cache.device)] = 0
+
+
 def anonymous_pages(nbytes: int) -> mmap.mmap:
     """Private anonymous memory, zero-filled and backed when first written, advised
     ``MADV_HUGEPAGE`` where the OS has it (advice: ignored where THP is off)."""

@@ -53,6 +53,20 @@ def test_allocate_fails_without_change() -> None:
     assert r.block_table == [] and bm.num_free_blocks == 2
 
 
+def test_next_fresh_blocks_are_what_allocation_takes() -> None:
+    """next_fresh_blocks(n) names, in order, the blocks the next allocations take: after
+    frees (partial blocks to the front, registered ones to the back) too."""
+    bm = BlockManager(num_blocks=10, block_size=4)
+    a = make_req("a", list(range(10)))
+    run_prefill(bm, a)  # 2 full blocks registered, 1 partial
+    bm.free(a)
+    want = bm.next_fresh_blocks(4)
+    b = make_req("b", list(range(50, 66)))  # no prefix in common: 4 fresh blocks
+    assert bm.allocate(b, 16)
+    assert b.block_table == want
+    assert len(bm.next_fresh_blocks(100)) == bm.num_free_blocks
+
+
 def test_prefix_hit_and_last_token_always_computed() -> None:
     bm = BlockManager(num_blocks=16, block_size=4)
     a = make_req("a", list(range(12)))  # 3 full blocks

@@ -18,6 +18,7 @@ from roseinfer.runner.kv_pool import (
     available_memory_bytes,
     kv_bytes_per_block,
     num_kv_blocks,
+    touch_blocks,
 )
 
 MODEL = ModelConfig(architecture="LlamaForCausalLM", vocab_size=256, hidden_size=64,
@@ -90,6 +91,20 @@ def _vm_flags(address: int) -> set[str]:
 
 @pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE") or not os.path.exists("/proc/self/smaps"),
                     reason="needs Linux's MADV_HUGEPAGE and /proc/self/smaps")
+def test_touch_blocks_zeroes_those_blocks_only() -> None:
+    """touch_blocks writes zeros into the named blocks' slots of every layer, K and V,
+    and leaves every other slot as it was."""
+    caches = allocate_kv_caches(MODEL, 6, 4, torch.float16, torch.device("cpu"))
+    for c in caches:
+        c.fill_(1.5)
+    touch_blocks(caches, [4, 1], 4)
+    for c in caches:
+        blocks = c.view(2, 6, 4, *c.shape[2:])
+        for b in range(6):
+            want = 0.0 if b in (1, 4) else 1.5
+            assert bool((blocks[:, b] == want).all()), b
+
+
 def test_cpu_pool_is_private_and_advised_huge_pages() -> None:
     """Each layer's pool is a private mapping advised MADV_HUGEPAGE ("hg"): a shared one
     ("sh") never gets transparent huge pages in THP's madvise mode."""
