@@ -79,7 +79,7 @@ static void attend_heads(const float* qd, const KV* kc, const KV* vc, const int3
     }
   }
   for (int64_t b = 0; b < std::min(ahead, nblk); ++b) prefetch_block(vbase, b);
-  for (int g = 0; g < GB; ++g) softmax_row(scores + g * L, L);
+  softmax_rows<GB>(scores, L, L);
   constexpr int kW = kPvW, kChunk = kPvChunk<DH>;
   for (int ch = 0; ch < DH / kW; ch += kChunk) {
     PvVec acc[GB][kChunk];
@@ -130,7 +130,7 @@ static void attend_heads_walk(const float* qd, const KV* kc, const KV* vc, const
 #endif
   }
   RowsAhead<KV> va(table, bs, vc + kh * DH, row, L, pf_bytes);
-  for (int g = 0; g < GB; ++g) softmax_row(scores + g * L, L);
+  softmax_rows<GB>(scores, L, L);
   constexpr int kW = kPvW, kChunk = kPvChunk<DH>;
   for (int ch = 0; ch < DH / kW; ch += kChunk) {
     PvVec acc[GB][kChunk];

@@ -238,12 +238,9 @@ static inline __m512 exp16(__m512 x) {
 }
 #endif
 
-// sg[t] = exp(sg[t] - max) over t < L; returns 1 / their sum (softmax_row without its
-// last multiply: the caller applies it, possibly fused with another).  With AVX-512 the
-// exps run 16 at a time, each half added into the 8-lane sum in turn: the same order.
-static inline float softmax_exp(float* sg, int64_t L) {
-  // The max is exact: any order gives the same (scores with a NaN give NaN outputs in any
-  // order), so four independent chains instead of one.
+// max over sg[0 .. L).  Exact: any order gives the same (scores with a NaN give NaN
+// outputs in any order), so four independent chains instead of one.
+static inline float row_max(const float* sg, int64_t L) {
   __m256 vm = _mm256_set1_ps(-INFINITY), vm1 = vm, vm2 = vm, vm3 = vm;
   int64_t t = 0;
   for (; t + 32 <= L; t += 32) {
@@ -259,9 +256,17 @@ static inline float softmax_exp(float* sg, int64_t L) {
   float mx = -INFINITY;
   for (float v : lanes) mx = std::max(mx, v);
   for (; t < L; ++t) mx = std::max(mx, sg[t]);
+  return mx;
+}
+
+// sg[t] = exp(sg[t] - max) over t < L; returns 1 / their sum (softmax_row without its
+// last multiply: the caller applies it, possibly fused with another).  With AVX-512 the
+// exps run 16 at a time, each half added into the 8-lane sum in turn: the same order.
+static inline float softmax_exp(float* sg, int64_t L) {
+  const float mx = row_max(sg, L);
   const __m256 vmx = _mm256_set1_ps(mx);
   __m256 vsum = _mm256_setzero_ps();
-  t = 0;
+  int64_t t = 0;
 #ifdef ROSEINFER_AVX512
   const __m512 zmx = _mm512_set1_ps(mx);
   for (; t + 16 <= L; t += 16) {
@@ -291,6 +296,54 @@ static inline void softmax_row(float* sg, int64_t L) {
   int64_t t = 0;
   for (; t + 8 <= L; t += 8) _mm256_storeu_ps(sg + t, _mm256_mul_ps(_mm256_loadu_ps(sg + t), inv));
   for (; t < L; ++t) sg[t] *= r;
+}
+
+// softmax_row on N rows of one length (sg + i * ld), their exp passes interleaved: each
+// row's values go through softmax_row's operations in its order (the same bits); the
+// rows' sum chains, one add after another within a row, run side by side.
+template <int N>
+static inline void softmax_rows(float* sg, int64_t ld, int64_t L) {
+#ifdef ROSEINFER_AVX512
+  float* row[N];
+  __m512 zmx[N];
+  __m256 vsum[N];
+  float mx[N];
+  for (int i = 0; i < N; ++i) {
+    row[i] = sg + i * ld;
+    mx[i] = row_max(row[i], L);
+    zmx[i] = _mm512_set1_ps(mx[i]);
+    vsum[i] = _mm256_setzero_ps();
+  }
+  int64_t t = 0;
+  for (; t + 16 <= L; t += 16)
+    for (int i = 0; i < N; ++i) {
+      const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(row[i] + t), zmx[i]));
+      _mm512_storeu_ps(row[i] + t, e);
+      vsum[i] = _mm256_add_ps(vsum[i], _mm512_castps512_ps256(e));
+      vsum[i] = _mm256_add_ps(vsum[i], _mm512_extractf32x8_ps(e, 1));
+    }
+  for (int i = 0; i < N; ++i) {
+    float* r = row[i];
+    int64_t u = t;
+    for (; u + 8 <= L; u += 8) {
+      const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(r + u), _mm256_set1_ps(mx[i])));
+      _mm256_storeu_ps(r + u, e);
+      vsum[i] = _mm256_add_ps(vsum[i], e);
+    }
+    float sum = hsum8(vsum[i]);
+    for (; u < L; ++u) {
+      r[u] = std::exp(r[u] - mx[i]);
+      sum += r[u];
+    }
+    const float q = 1.f / sum;
+    const __m256 inv = _mm256_set1_ps(q);
+    u = 0;
+    for (; u + 8 <= L; u += 8) _mm256_storeu_ps(r + u, _mm256_mul_ps(_mm256_loadu_ps(r + u), inv));
+    for (; u < L; ++u) r[u] *= q;
+  }
+#else
+  for (int i = 0; i < N; ++i) softmax_row(sg + i * ld, L);
+#endif
 }
 
 template <typename KV>

@@ -156,7 +156,7 @@ static void attend_heads_tile(const float* q, int64_t qstride, const KV* kc, con
                            std::min<int64_t>(16, L[r] - t0), sc(r, 0) + t0, Lmax);
   RowsAhead<KV> va(table, bs, vc + kh * DH, row, Lmax, kRowBytes);
   for (int r = 0; r < R; ++r)
-    for (int g = 0; g < GB; ++g) softmax_row(sc(r, g), L[r]);
+    softmax_rows<GB>(sc(r, 0), Lmax, L[r]);
   __mmask16 live[R];  // lanes of row r's chains at the position (all, or none past L[r])
   for (int ch = 0; ch < DH / 16; ch += 2) {  // 32 output dims a pass
     __m512 acc[R][GB][2];
