@@ -4,7 +4,9 @@
 // row.  Every (row, head) value keeps attend_heads' arithmetic exactly: the same 8-lane
 // FMA chains and reduce4 tree per score, the same softmax_row, the same FMA chain over
 // the positions per output lane (past a row's end its lanes are masked off); rows only
-// share loads.  So a row's output never depends on whether it ran in a tile (tested: tests/kernels and scripts/isa_variants).  AVX-512.
+// share loads (the scores' keys transposed once per thread: KeysT).  So a row's output
+// never depends on whether it ran in a tile (tested: tests/perf/test_attention_tiles.py
+// and scripts/isa_variants).  AVX-512.
 #pragma once
 
 #include <algorithm>
@@ -126,8 +128,10 @@ static inline void scores16_t(const float* q, const float* kt, float scale, int6
     }
   const __mmask16 keep = static_cast<__mmask16>((1u << n) - 1);
   for (int g = 0; g < GB; ++g) {
-    const __m512 lo = _mm512_add_ps(_mm512_add_ps(a[g][0], a[g][1]), _mm512_add_ps(a[g][2], a[g][3]));
-    const __m512 hi = _mm512_add_ps(_mm512_add_ps(a[g][4], a[g][5]), _mm512_add_ps(a[g][6], a[g][7]));
+    const __m512 lo =
+        _mm512_add_ps(_mm512_add_ps(a[g][0], a[g][1]), _mm512_add_ps(a[g][2], a[g][3]));
+    const __m512 hi =
+        _mm512_add_ps(_mm512_add_ps(a[g][4], a[g][5]), _mm512_add_ps(a[g][6], a[g][7]));
     _mm512_mask_storeu_ps(out + g * ld, keep,
                           _mm512_mul_ps(_mm512_add_ps(lo, hi), _mm512_set1_ps(scale)));
   }
@@ -195,9 +199,10 @@ static void attend_item_tile(const float* qd, int64_t qstride, const KV* kc, con
     const int64_t gb = std::min<int64_t>(3, G - g0);
     const float* q = qd + g0 * DH;
     float* o = od + g0 * DH;
-    if (gb == 3) attend_heads_tile<DH, 3>(q, qstride, kc, vc, table, L, row, bs, kh, scale, scores, o, ostride, keys);
-    else if (gb == 2) attend_heads_tile<DH, 2>(q, qstride, kc, vc, table, L, row, bs, kh, scale, scores, o, ostride, keys);
-    else attend_heads_tile<DH, 1>(q, qstride, kc, vc, table, L, row, bs, kh, scale, scores, o, ostride, keys);
+    (gb == 3   ? attend_heads_tile<DH, 3, KV>
+     : gb == 2 ? attend_heads_tile<DH, 2, KV>
+               : attend_heads_tile<DH, 1, KV>)(q, qstride, kc, vc, table, L, row, bs, kh, scale,
+                                               scores, o, ostride, keys);
     g0 += gb;
   }
 }
