@@ -3,7 +3,8 @@
 Brings B sequences to a context of P tokens, then times ``--steps`` pure-decode
 steps two ways:
 
-1. engine phases, unprofiled wall clock: schedule, model runner (forward + logits),
+1. engine phases, unprofiled wall clock: schedule, model runner (forward + logits, or
+   the greedy head's tokens where every row is greedy, as ``LLMEngine.step`` runs it),
    sampler, scheduler update, outputs/detokenize — the same calls ``LLMEngine.step``
    makes, in its order;
 2. inside the runner, under ``torch.profiler`` with labelled ranges: GEMMs (every
@@ -26,7 +27,7 @@ import torch
 from torch import nn
 from torch.autograd.profiler import record_function
 
-from roseinfer.bench.throughput import random_prompts
+from roseinfer.bench.throughput import random_prompts, touch_next_blocks
 from roseinfer.engine.engine import LLMEngine
 from roseinfer.engine.scheduler import SchedulerOutput
 from roseinfer.sampling_params import SamplingParams
@@ -34,10 +35,13 @@ from roseinfer.sampling_params import SamplingParams
 _LABELS = ("gemm", "attention", "kv_write")
 
 
-def _prepare(engine: LLMEngine, batch: int, prompt_len: int, seed: int) -> None:
-    """Admit ``batch`` sequences and step until every one of them is decoding."""
+def _prepare(engine: LLMEngine, batch: int, prompt_len: int, steps: int, seed: int) -> None:
+    """Admit ``batch`` sequences and step until every one of them is decoding; the KV
+    blocks they will fill in ``steps`` more steps (and the profile's as many again) are
+    backed first (``touch_next_blocks``)."""
     params = SamplingParams(temperature=0.0, max_tokens=10**6, ignore_eos=True)
     vocab = engine.model_config.vocab_size
+    touch_next_blocks(engine, [prompt_len + 2 * steps + 4] * batch)
     for p in random_prompts(batch, prompt_len, vocab, seed):
         engine.add_request(engine.next_request_id(), p, params)
     sched = engine.scheduler
@@ -51,7 +55,8 @@ def _timed_step(engine: LLMEngine, acc: dict[str, float]) -> None:
     sched = engine.scheduler.schedule()
     t.append(time.perf_counter())
     failed: dict = {}
-    scheduled, logits = engine._execute(sched.scheduled, failed)
+    scheduled, logits = engine._execute(sched.scheduled, failed,
+                                        engine.greedy_step(sched.scheduled))
     t.append(time.perf_counter())
     sampled = engine.step_sampler.sample(scheduled, logits, failed)
     engine._record_prompt_logprobs(scheduled, logits)
@@ -94,14 +99,16 @@ def _labelled(engine: LLMEngine) -> Iterator[None]:
             wrap(m, "forward", "gemm")
     model = engine.runner.model
     wrap(model, "compute_logits", "gemm")
+    if hasattr(model, "compute_greedy"):  # the greedy steps' LM head
+        wrap(model, "compute_greedy", "gemm")
     try:
         yield
     finally:
         for owner, attr, fn in reversed(patched):
             if isinstance(owner, nn.Module) and attr == "forward":
                 del owner.forward
-            elif owner is model and attr == "compute_logits":
-                del owner.compute_logits
+            elif owner is model and attr in ("compute_logits", "compute_greedy"):
+                delattr(owner, attr)
             else:
                 setattr(owner, attr, fn)
 
@@ -132,7 +139,8 @@ def _runner_breakdown(engine: LLMEngine, steps: int) -> dict[str, float]:
             sched = engine.scheduler.schedule()
             t0 = time.perf_counter()
             with record_function("runner"):
-                logits = engine.runner.execute(sched.scheduled)
+                logits = engine.runner.execute(sched.scheduled,
+                                               greedy=engine.greedy_step(sched.scheduled))
             runner_wall += time.perf_counter() - t0
             sampled = engine.step_sampler.sample(sched.scheduled, logits, {})
             engine._make_outputs(engine.scheduler.update(sched, sampled))
@@ -182,7 +190,7 @@ def _runner_breakdown(engine: LLMEngine, steps: int) -> dict[str, float]:
 def run_profile(engine: LLMEngine, batch: int, prompt_len: int = 128, steps: int = 16,
                 seed: int = 0) -> dict[str, Any]:
     """Profile ``steps`` decode steps with ``batch`` sequences at ~``prompt_len`` context."""
-    _prepare(engine, batch, prompt_len, seed)
+    _prepare(engine, batch, prompt_len, steps, seed)
     for _ in range(2):
         engine.step()  # warm-up
     phases: dict[str, float] = {}

@@ -313,9 +313,7 @@ class LLMEngine:
             if group is not None and group.metrics.first_scheduled_time is None:
                 group.metrics.first_scheduled_time = now
         mask_job = self.structured.start(sched.scheduled)  # None: nothing constrained
-        # every row its argmax: the runner may give the tokens alone (the same)
-        greedy = (mask_job is None and self.spec is None
-                  and self.step_sampler.greedy_only(sched.scheduled))
+        greedy = mask_job is None and self.greedy_step(sched.scheduled)
         scheduled, logits = self._execute(sched.scheduled, failed, greedy)
         masks = self.structured.finish(mask_job, failed) if mask_job is not None else None
         sampled = self.step_sampler.sample(scheduled, logits, failed, masks)
@@ -334,6 +332,11 @@ class LLMEngine:
         if self.kv_disk is not None and not self._groups:
             self.block_manager.persist()  # idle: the prefix cache goes to disk (background)
         return outputs
+
+    def greedy_step(self, scheduled: list[ScheduledRequest]) -> bool:
+        """Whether every row of an unconstrained step is its argmax (no speculation): the
+        runner may then give the tokens alone (the same ones)."""
+        return self.spec is None and self.step_sampler.greedy_only(scheduled)
 
     def _execute(self, scheduled: list[ScheduledRequest], failed: dict[Request, str],
                  greedy: bool = False) -> tuple[list[ScheduledRequest], StepLogits | None]:

@@ -66,3 +66,22 @@ def test_steps_with_a_request_that_needs_logits_compute_them(
                   SamplingParams(temperature=0.0, logprobs=2, max_tokens=16, ignore_eos=True)):
         assert _tokens(llm, [greedy, other])[0] == alone
     assert used[0] == 0
+
+
+def test_bench_profile_steps_take_the_greedy_head_as_the_engine_does(
+        llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`roseinfer bench profile` times the steps the engine runs: all-greedy decode steps
+    ask the runner for the greedy head's tokens, in its unprofiled and profiled passes."""
+    from roseinfer.bench.profile import run_profile
+
+    runner = llm.engine.runner
+    inner, asked = runner.execute, []
+
+    def recorded(scheduled, greedy=False):
+        asked.append(greedy)
+        return inner(scheduled, greedy=greedy)
+
+    monkeypatch.setattr(runner, "execute", recorded)
+    prof = run_profile(llm.engine, 5, prompt_len=16, steps=2)
+    assert prof["batch"] == 5
+    assert len(asked) >= 4 and all(asked[-4:])  # 2 timed steps, then 2 profiled ones
