@@ -10,6 +10,7 @@
 #pragma once
 
 #include <algorithm>
+#include <type_traits>
 #include <cstdint>
 #include <vector>
 
@@ -161,26 +162,36 @@ static void attend_heads_tile(const float* q, int64_t qstride, const KV* kc, con
   RowsAhead<KV> va(table, bs, vc + kh * DH, row, Lmax, kRowBytes);
   for (int r = 0; r < R; ++r)
     softmax_rows<GB>(sc(r, 0), Lmax, L[r]);
-  __mmask16 live[R];  // lanes of row r's chains at the position (all, or none past L[r])
+  const int64_t Lmin = *std::min_element(L, L + R);
   for (int ch = 0; ch < DH / 16; ch += 2) {  // 32 output dims a pass
     __m512 acc[R][GB][2];
     for (int r = 0; r < R; ++r)
       for (int g = 0; g < GB; ++g) acc[r][g][0] = acc[r][g][1] = _mm512_setzero_ps();
-    SlotCursor v(table, bs, 0);
+    // The V row of position t: the walk steps a pointer `row` on, through the block table
+    // at each block's first position.
+    const KV* const vbase = vc + kh * DH + 16 * ch;
+    const KV* vr = vbase;
+    int64_t off = bs;  // position t's offset in its block; bs: look the block up
     // One walk to the longest row: past a row's end its chains are masked off (left as
     // they are, not added to), so each row's chain is its own positions' FMAs in order.
-    for (int64_t t = 0; t < Lmax; ++t, v.next()) {
-      if (ch == 0) va.step(t);
-      const KV* vr = vc + v.slot() * row + kh * DH + 16 * ch;
-      const __m512 v0 = load16(vr), v1 = load16(vr + 16);
-      for (int r = 0; r < R; ++r) live[r] = t < L[r] ? (__mmask16)0xFFFF : (__mmask16)0;
-      for (int r = 0; r < R; ++r)
-        for (int g = 0; g < GB; ++g) {
-          const __m512 p = _mm512_set1_ps(sc(r, g)[t]);
-          acc[r][g][0] = _mm512_mask3_fmadd_ps(p, v0, acc[r][g][0], live[r]);
-          acc[r][g][1] = _mm512_mask3_fmadd_ps(p, v1, acc[r][g][1], live[r]);
+    // Below the shortest row no lane is masked (a loop without the masks' set-up).
+    auto walk = [&](int64_t t0, int64_t t1, auto masked) {
+      for (int64_t t = t0; t < t1; ++t, ++off, vr += row) {
+        if (off == bs) off = 0, vr = vbase + (int64_t)table[t / bs] * bs * row;
+        if (ch == 0) va.step(t);
+        const __m512 v0 = load16(vr), v1 = load16(vr + 16);
+        for (int r = 0; r < R; ++r) {
+          const __mmask16 live = !decltype(masked)::value || t < L[r] ? 0xFFFF : 0;
+          for (int g = 0; g < GB; ++g) {
+            const __m512 p = _mm512_set1_ps(sc(r, g)[t]);
+            acc[r][g][0] = _mm512_mask3_fmadd_ps(p, v0, acc[r][g][0], live);
+            acc[r][g][1] = _mm512_mask3_fmadd_ps(p, v1, acc[r][g][1], live);
+          }
         }
-    }
+      }
+    };
+    walk(0, Lmin, std::false_type{});
+    walk(Lmin, Lmax, std::true_type{});
     for (int r = 0; r < R; ++r)
       for (int g = 0; g < GB; ++g) {
         _mm512_storeu_ps(od + r * ostride + g * DH + 16 * ch, acc[r][g][0]);
