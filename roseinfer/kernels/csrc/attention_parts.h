@@ -259,71 +259,29 @@ static inline float row_max(const float* sg, int64_t L) {
   return mx;
 }
 
-// sg[t] = exp(sg[t] - max) over t < L; returns 1 / their sum (softmax_row without its
-// last multiply: the caller applies it, possibly fused with another).  With AVX-512 the
-// exps run 16 at a time, each half added into the 8-lane sum in turn: the same order.
-static inline float softmax_exp(float* sg, int64_t L) {
-  const float mx = row_max(sg, L);
-  const __m256 vmx = _mm256_set1_ps(mx);
-  __m256 vsum = _mm256_setzero_ps();
-  int64_t t = 0;
-#ifdef ROSEINFER_AVX512
-  const __m512 zmx = _mm512_set1_ps(mx);
-  for (; t + 16 <= L; t += 16) {
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sg + t), zmx));
-    _mm512_storeu_ps(sg + t, e);
-    vsum = _mm256_add_ps(vsum, _mm512_castps512_ps256(e));
-    vsum = _mm256_add_ps(vsum, _mm512_extractf32x8_ps(e, 1));
-  }
-#endif
-  for (; t + 8 <= L; t += 8) {
-    __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + t), vmx));
-    _mm256_storeu_ps(sg + t, e);
-    vsum = _mm256_add_ps(vsum, e);
-  }
-  float sum = hsum8(vsum);
-  for (; t < L; ++t) {
-    sg[t] = std::exp(sg[t] - mx);
-    sum += sg[t];
-  }
-  return 1.f / sum;
-}
-
-// sg[t] = exp(sg[t] - max) / sum over t < L (as e_t * (1 / sum)).
-static inline void softmax_row(float* sg, int64_t L) {
-  const float r = softmax_exp(sg, L);
-  const __m256 inv = _mm256_set1_ps(r);
-  int64_t t = 0;
-  for (; t + 8 <= L; t += 8) _mm256_storeu_ps(sg + t, _mm256_mul_ps(_mm256_loadu_ps(sg + t), inv));
-  for (; t < L; ++t) sg[t] *= r;
-}
-
-// softmax_row on N rows of one length (sg + i * ld), their exp passes interleaved: each
-// row's values go through softmax_row's operations in its order (the same bits); the
-// rows' sum chains, one add after another within a row, run side by side.
+// For N rows of one length (sg + i * ld): row[t] = exp(row[t] - max) over t < L, inv[i] =
+// 1 / their sum (softmax without its last multiply).  With AVX-512 the exps run 16 at a
+// time, each half added into the row's 8-lane sum in turn, the rows side by side (their
+// sum chains interleaved); then 8 at a time and a scalar tail, row by row.  A row's
+// operations and their order never depend on N: the same bits.
 template <int N>
-static inline void softmax_rows(float* sg, int64_t ld, int64_t L) {
-#ifdef ROSEINFER_AVX512
-  float* row[N];
-  __m512 zmx[N];
-  __m256 vsum[N];
+static inline void softmax_exps(float* sg, int64_t ld, int64_t L, float (&inv)[N]) {
   float mx[N];
-  for (int i = 0; i < N; ++i) {
-    row[i] = sg + i * ld;
-    mx[i] = row_max(row[i], L);
-    zmx[i] = _mm512_set1_ps(mx[i]);
-    vsum[i] = _mm256_setzero_ps();
-  }
+  __m256 vsum[N];
+  for (int i = 0; i < N; ++i) mx[i] = row_max(sg + i * ld, L), vsum[i] = _mm256_setzero_ps();
   int64_t t = 0;
+#ifdef ROSEINFER_AVX512
   for (; t + 16 <= L; t += 16)
     for (int i = 0; i < N; ++i) {
-      const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(row[i] + t), zmx[i]));
-      _mm512_storeu_ps(row[i] + t, e);
+      float* r = sg + i * ld;
+      const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(r + t), _mm512_set1_ps(mx[i])));
+      _mm512_storeu_ps(r + t, e);
       vsum[i] = _mm256_add_ps(vsum[i], _mm512_castps512_ps256(e));
       vsum[i] = _mm256_add_ps(vsum[i], _mm512_extractf32x8_ps(e, 1));
     }
+#endif
   for (int i = 0; i < N; ++i) {
-    float* r = row[i];
+    float* r = sg + i * ld;
     int64_t u = t;
     for (; u + 8 <= L; u += 8) {
       const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(r + u), _mm256_set1_ps(mx[i])));
@@ -335,16 +293,33 @@ static inline void softmax_rows(float* sg, int64_t ld, int64_t L) {
       r[u] = std::exp(r[u] - mx[i]);
       sum += r[u];
     }
-    const float q = 1.f / sum;
-    const __m256 inv = _mm256_set1_ps(q);
-    u = 0;
-    for (; u + 8 <= L; u += 8) _mm256_storeu_ps(r + u, _mm256_mul_ps(_mm256_loadu_ps(r + u), inv));
-    for (; u < L; ++u) r[u] *= q;
+    inv[i] = 1.f / sum;
   }
-#else
-  for (int i = 0; i < N; ++i) softmax_row(sg + i * ld, L);
-#endif
 }
+
+// One row's softmax_exps: returns 1 / the sum (the caller applies it, possibly fused).
+static inline float softmax_exp(float* sg, int64_t L) {
+  float inv[1];
+  softmax_exps<1>(sg, L, L, inv);
+  return inv[0];
+}
+
+// softmax over N rows of one length (sg + i * ld): row[t] = exp(row[t] - max) / sum, as
+// e_t * (1 / sum); softmax_exps' rows side by side.
+template <int N>
+static inline void softmax_rows(float* sg, int64_t ld, int64_t L) {
+  float inv[N];
+  softmax_exps<N>(sg, ld, L, inv);
+  for (int i = 0; i < N; ++i) {
+    float* r = sg + i * ld;
+    const __m256 v = _mm256_set1_ps(inv[i]);
+    int64_t t = 0;
+    for (; t + 8 <= L; t += 8) _mm256_storeu_ps(r + t, _mm256_mul_ps(_mm256_loadu_ps(r + t), v));
+    for (; t < L; ++t) r[t] *= inv[i];
+  }
+}
+
+static inline void softmax_row(float* sg, int64_t L) { softmax_rows<1>(sg, L, L); }
 
 template <typename KV>
 static inline void prefetch_row(const KV* p, int64_t bytes) {
