@@ -11,7 +11,10 @@ import pytest
 from roseinfer.bench.bandwidth import (
     bandwidth_limit_tok_s,
     estimated_weight_bytes,
+    gguf_linear_bytes,
     gguf_weight_bytes,
+    linear_bytes_per_step,
+    linear_weights,
     read_bandwidth_gbs,
 )
 from roseinfer.bench.cpu_info import cpu_flags
@@ -62,3 +65,36 @@ def test_cpu_flags_names_the_model_and_simd_flags(tmp_path: Path) -> None:
                     "avx512f avx512_vnni\n\nprocessor\t: 1\nmodel name\t: Test CPU\n")
     assert cpu_flags(info) == "Test CPU: avx2 fma avx512f avx512_vnni"
     assert cpu_flags(tmp_path / "missing") == "?"
+
+
+def test_gguf_linear_bytes_group_the_decoder_tensors_by_linear(tmp_path: Path) -> None:
+    f16 = np.float16
+    tensors = {"token_embd.weight": np.zeros((64, 32), np.float32),
+               "blk.0.attn_norm.weight": np.zeros(32, np.float32)}
+    for layer in (0, 1):
+        tensors |= {f"blk.{layer}.attn_q.weight": np.zeros((32, 32), f16),
+                    f"blk.{layer}.attn_k.weight": np.zeros((16, 32), f16),
+                    f"blk.{layer}.attn_v.weight": np.zeros((16, 32), f16),
+                    f"blk.{layer}.attn_q.bias": np.zeros(32, np.float32),
+                    f"blk.{layer}.attn_output.weight": np.zeros((32, 32), f16),
+                    f"blk.{layer}.ffn_gate.weight": np.zeros((64, 32), f16),
+                    f"blk.{layer}.ffn_up.weight": np.zeros((64, 32), f16),
+                    f"blk.{layer}.ffn_down.weight": np.zeros((32, 64), f16)}
+    path = tmp_path / "m.gguf"
+    _write_gguf(path, tensors)
+    assert gguf_linear_bytes(path) == {"qkv": 2 * 64 * 32 * 2, "o": 2 * 32 * 32 * 2,
+                                       "gate_up": 2 * 128 * 32 * 2, "down": 2 * 32 * 64 * 2}
+    assert linear_bytes_per_step(path, None, "auto") == gguf_linear_bytes(path)
+
+
+def test_estimated_linear_bytes_add_up_to_the_decoder() -> None:
+    cfg = ModelConfig(architecture="LlamaForCausalLM", vocab_size=100, hidden_size=64,
+                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
+                      intermediate_size=128, max_position_embeddings=256)
+    weights = linear_weights(cfg)
+    assert weights == {"qkv": 2 * 64 * 128, "o": 2 * 64 * 64, "gate_up": 2 * 2 * 64 * 128,
+                       "down": 2 * 128 * 64}
+    for quant, head in (("fp16", 2.0), ("q4_0", 34 / 32)):
+        linear = linear_bytes_per_step(Path("model-dir"), cfg, quant)
+        assert sum(linear.values()) + int(100 * 64 * head) == pytest.approx(
+            estimated_weight_bytes(cfg, quant), abs=2)

@@ -13,6 +13,8 @@ prints batch 1's decode speed as a percentage of that limit.
   the kernels read, since weights are used as stored); for other checkpoints an estimate
   from the shapes and the load-time format (Q8_0: 34 bytes per 32 weights, fp16: 2,
   fp32: 4).
+* ``linear_bytes_per_step``: the same split by decoder linear (qkv, o, gate/up, down over
+  all layers), which ``roseinfer bench profile`` divides by the C++ stack's time in each.
 """
 
 from __future__ import annotations
@@ -56,16 +58,60 @@ def gguf_weight_bytes(path: Path) -> int:
     return total
 
 
+# A decoder linear's kind, as the C++ stack times it, by GGUF tensor name.
+LINEAR_KINDS = ("qkv", "o", "gate_up", "down")
+_GGUF_KIND = {"attn_q": "qkv", "attn_k": "qkv", "attn_v": "qkv", "attn_qkv": "qkv",
+              "attn_output": "o", "ffn_gate": "gate_up", "ffn_up": "gate_up",
+              "ffn_down": "down"}
+
+
+def gguf_linear_bytes(path: Path) -> dict[str, int]:
+    """Stored bytes of each kind of decoder linear over all layers (``LINEAR_KINDS``):
+    the ``blk.N.<name>.weight`` tensors of a GGUF."""
+    mm = map_file(path)
+    try:
+        _, tensors = parse_header(mm, path)
+    finally:
+        mm.close()
+    out = dict.fromkeys(LINEAR_KINDS, 0)
+    for name, info in tensors.items():
+        parts = name.split(".")
+        if len(parts) == 4 and parts[0] == "blk" and parts[3] == "weight" \
+                and parts[2] in _GGUF_KIND:
+            out[_GGUF_KIND[parts[2]]] += info.nbytes
+    return out
+
+
+def linear_weights(config: ModelConfig) -> dict[str, int]:
+    """Weights of each kind of decoder linear over all layers (``LINEAR_KINDS``)."""
+    h, kv = config.hidden_size, config.num_kv_heads * config.head_dim
+    q, inter, n = config.num_heads * config.head_dim, config.intermediate_size, config.num_layers
+    return {"qkv": n * h * (q + 2 * kv), "o": n * q * h, "gate_up": n * 2 * h * inter,
+            "down": n * inter * h}
+
+
+def _decoder_bytes_per_weight(quantization: str) -> float:
+    return 18 / 32 if quantization == "q4_0" else _BYTES_PER_WEIGHT.get(quantization, 4.0)
+
+
 def estimated_weight_bytes(config: ModelConfig, quantization: str) -> int:
     """Bytes one decode step reads for a checkpoint converted at load: decoder linears
-    and the LM head at ``quantization``'s bytes per weight (norms and biases ignored)."""
-    h, kv = config.hidden_size, config.num_kv_heads * config.head_dim
-    q = config.num_heads * config.head_dim
-    per_layer = h * q + 2 * h * kv + q * h + 3 * h * config.intermediate_size
-    decoder, head = config.num_layers * per_layer, config.vocab_size * h
-    if quantization == "q4_0":  # decoder Q4_0, LM head int8
-        return int(decoder * 18 / 32 + head * _BYTES_PER_WEIGHT["int8"])
-    return int((decoder + head) * _BYTES_PER_WEIGHT.get(quantization, 4.0))
+    and the LM head at ``quantization``'s bytes per weight (norms and biases ignored;
+    ``q4_0``: decoder Q4_0, LM head int8)."""
+    decoder, head = sum(linear_weights(config).values()), config.vocab_size * config.hidden_size
+    head_bpw = _BYTES_PER_WEIGHT["int8"] if quantization == "q4_0" else \
+        _BYTES_PER_WEIGHT.get(quantization, 4.0)
+    return int(decoder * _decoder_bytes_per_weight(quantization) + head * head_bpw)
+
+
+def linear_bytes_per_step(model_path: Path, config: ModelConfig,
+                          quantization: str) -> dict[str, int]:
+    """Bytes each kind of decoder linear reads per decode step (``LINEAR_KINDS``): exact
+    for GGUF files, else estimated from the shapes as ``estimated_weight_bytes``."""
+    if model_path.suffix == ".gguf":
+        return gguf_linear_bytes(model_path)
+    bpw = _decoder_bytes_per_weight(quantization)
+    return {k: int(n * bpw) for k, n in linear_weights(config).items()}
 
 
 def weight_bytes_per_step(model_path: Path, config: ModelConfig, quantization: str) -> int:

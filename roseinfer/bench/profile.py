@@ -13,7 +13,10 @@ steps two ways:
    self time of ops outside the labelled ranges), and Python overhead (the rest of
    the runner's wall time).  Shares are scaled to the unprofiled runner time.
    When decode steps run in the C++ decoder stack, its own timers split its time
-   the same way (KV writes there include the rotary embedding).
+   the same way (KV writes there include the rotary embedding), and its GEMM time by
+   linear (qkv, o, gate/up, down over all layers), each with the weight bytes it read
+   per second and its GFLOP/s: a small step's linears are bound by reading their
+   weights, a large step's by arithmetic.
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ import torch
 from torch import nn
 from torch.autograd.profiler import record_function
 
+from roseinfer.bench.bandwidth import linear_bytes_per_step, linear_weights
 from roseinfer.bench.throughput import random_prompts, touch_next_blocks
 from roseinfer.engine.engine import LLMEngine
 from roseinfer.engine.scheduler import SchedulerOutput
+from roseinfer.model.loader import resolve_model_path
 from roseinfer.sampling_params import SamplingParams
 
 _LABELS = ("gemm", "attention", "kv_write")
@@ -124,8 +129,10 @@ class _LabelledStack:
             return self.stack.forward(*args)
 
 
-def _runner_breakdown(engine: LLMEngine, steps: int) -> dict[str, float]:
-    """Seconds per category over ``steps`` profiled decode steps."""
+def _runner_breakdown(engine: LLMEngine, steps: int) -> tuple[dict[str, float],
+                                                                dict[str, float]]:
+    """Seconds per category over ``steps`` profiled decode steps, and the C++ stack's
+    GEMM seconds by linear (empty without the stack)."""
     from torch.profiler import ProfilerActivity, profile
 
     runner_wall = 0.0
@@ -175,8 +182,11 @@ def _runner_breakdown(engine: LLMEngine, steps: int) -> dict[str, float]:
                 and ev.name not in (*_LABELS, "decoder_stack")):
             other_ops += ev.self_cpu_time_total / 1e6
     totals["other_ops"] = other_ops
+    linears: dict[str, float] = {}
     if stack is not None:
         gemm, attention, kv_write, row_ops = stack.profile()
+        linears = dict(zip(("qkv", "o", "gate_up", "down"), stack.linear_profile(),
+                           strict=True))
         stack.set_profiling(False)
         totals["gemm"] += gemm
         totals["attention"] += attention
@@ -184,7 +194,7 @@ def _runner_breakdown(engine: LLMEngine, steps: int) -> dict[str, float]:
         totals["other_ops"] += row_ops
     totals["python"] = max(0.0, runner_wall - sum(totals.values()))
     totals["runner_wall"] = runner_wall
-    return totals
+    return totals, linears
 
 
 def run_profile(engine: LLMEngine, batch: int, prompt_len: int = 128, steps: int = 16,
@@ -198,16 +208,25 @@ def run_profile(engine: LLMEngine, batch: int, prompt_len: int = 128, steps: int
     for _ in range(steps):
         _timed_step(engine, phases)
     wall = time.perf_counter() - t0
-    inner = _runner_breakdown(engine, steps)
+    inner, linears = _runner_breakdown(engine, steps)
     engine.abort_all()
     scale = phases["runner"] / inner["runner_wall"] if inner["runner_wall"] else 1.0
     runner = {k: v * scale / steps for k, v in inner.items() if k != "runner_wall"}
+    path = resolve_model_path(engine.config.model)
+    weight_bytes = linear_bytes_per_step(path, engine.model_config, engine.quantization)
+    weights = linear_weights(engine.model_config)
     return {
         "batch": batch, "prompt_len": prompt_len, "steps": steps,
         "step_ms": wall / steps * 1e3,
         "decode_tok_s": batch * steps / wall,
         "phases_ms": {k: v / steps * 1e3 for k, v in phases.items()},
         "runner_ms": {k: v * 1e3 for k, v in runner.items()},
+        # the stack's linears: ms a step, weight bytes read per second, GFLOP/s
+        "linears": {k: {"ms": v * scale / steps * 1e3,
+                        "gb_s": weight_bytes[k] * steps / (v * scale) / 1e9 if v else 0.0,
+                        "gflop_s": 2 * weights[k] * batch * steps / (v * scale) / 1e9
+                        if v else 0.0}
+                    for k, v in linears.items()},
     }
 
 
@@ -222,6 +241,12 @@ def format_profile(p: dict[str, Any]) -> str:
     for k in ("gemm", "attention", "kv_write", "other_ops", "python"):
         v = p["runner_ms"][k]
         lines.append(f"    {k:<10} {v:8.2f} ms  {100 * v / step:5.1f}%")
+    if p["linears"]:
+        lines.append("  the stack's GEMMs by linear (all layers; weight bytes read per second, "
+                     "arithmetic rate):")
+        for k, v in p["linears"].items():
+            lines.append(f"    {k:<10} {v['ms']:8.2f} ms  {v['gb_s']:6.1f} GB/s "
+                         f"{v['gflop_s']:7.1f} GFLOP/s")
     return "\n".join(lines)
 
 

@@ -10,6 +10,8 @@
 //   torch.ops.roseinfer.gguf_rows(raw, type, ids): dequantized rows of a stored tensor
 //   torch.classes.roseinfer.LlamaStack(hidden, heads, kv_heads, head_dim, inter, eps, final_norm)
 //       .forward(...), .forward_lora(..., LoraStep): the step with LoRA deltas (lora.h)
+//       .set_profiling(on), .profile(): seconds in gemm, attention, kv_write + rotary,
+//       row ops; .linear_profile(): the gemm seconds of qkv, o, gate_up, down
 //   torch.classes.roseinfer.LoraAdapter(buffer f32 [n], plan int64 [P, 11], num_layers)
 //   torch.classes.roseinfer.LoraStep(portable).add(start, end, adapter)
 //       .apply(layer, linear, x [B, K], y [B, N]): y += the segments' deltas, in place
@@ -62,6 +64,7 @@ TORCH_LIBRARY(roseinfer, m) {
       .def("num_layers", &roseinfer::LlamaStack::num_layers)
       .def("set_profiling", &roseinfer::LlamaStack::set_profiling)
       .def("profile", &roseinfer::LlamaStack::profile)
+      .def("linear_profile", &roseinfer::LlamaStack::linear_profile)
       .def("forward", &roseinfer::LlamaStack::forward)
       .def("forward_lora", &roseinfer::LlamaStack::forward_lora);
   m.def(

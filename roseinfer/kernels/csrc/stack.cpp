@@ -64,12 +64,16 @@ at::Tensor LlamaStack::run(at::Tensor h_in, at::Tensor positions, at::Tensor cos
 
   using clock = std::chrono::steady_clock;
   auto mark = clock::now();
-  auto lap = [&](int which) {
-    if (!profiling) return;
+  auto lap = [&](int which) {  // the time since the last lap, into times[which]
+    if (!profiling) return 0.0;
     auto now = clock::now();
-    times[which] += std::chrono::duration<double>(now - mark).count();
+    const double dt = std::chrono::duration<double>(now - mark).count();
+    times[which] += dt;
     mark = now;
+    return dt;
   };
+  // A linear's time: gemm, and its own counter (0-3: qkv, o, gate_up, down).
+  auto lap_linear = [&](int which) { linear_times[which] += lap(0); };
   // The rows the last layer carries past its K/V writes (subset: fewer than all).
   const std::vector<int64_t> keep = out_rows ? kept_rows(*out_rows, B) : std::vector<int64_t>();
   const bool subset = out_rows && !lora && static_cast<int64_t>(keep.size()) < B;
@@ -84,7 +88,7 @@ at::Tensor LlamaStack::run(at::Tensor h_in, at::Tensor positions, at::Tensor cos
     lap(3);
     qkv[l]->run(x, qkv_buf);
     if (lora) lora->apply(l, 0, x, qkv_buf);
-    lap(0);
+    lap_linear(0);
     const at::Tensor& cache = kv_caches[l];
     float* qg = qbuf.data_ptr<float>();
     const bool last_subset = subset && l + 1 == num_layers();
@@ -112,17 +116,17 @@ at::Tensor LlamaStack::run(at::Tensor h_in, at::Tensor positions, at::Tensor cos
                act_r = first(act);
     o[l]->run(attn_r, tmp_r);
     if (lora) lora->apply(l, 1, attn, tmp);
-    lap(0);
+    lap_linear(1);
     add_rms_norm(hp, tp, post_norm[l].data_ptr<float>(), xp, rows, hidden, feps);
     lap(3);
     gate_up[l]->run(x_r, gu_r);
     if (lora) lora->apply(l, 2, x, gu);
-    lap(0);
+    lap_linear(2);
     silu_mul(gu.data_ptr<float>(), act.data_ptr<float>(), rows, inter);
     lap(3);
     down[l]->run(act_r, tmp_r);
     if (lora) lora->apply(l, 3, act, tmp);
-    lap(0);
+    lap_linear(3);
     if (l + 1 < num_layers()) {
       add_rms_norm(hp, tp, in_norm[l + 1].data_ptr<float>(), xp, B, hidden, feps);
     }

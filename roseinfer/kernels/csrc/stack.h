@@ -25,9 +25,11 @@ struct LlamaStack : torch::CustomClassHolder {
   at::Tensor final_norm;
   std::vector<at::Tensor> in_norm, post_norm;
   std::vector<c10::intrusive_ptr<Linear>> qkv, o, gate_up, down;
-  // Profile counters (seconds): gemm, attention, kv_write + rotary, other row ops.
+  // Profile counters (seconds): gemm, attention, kv_write + rotary, other row ops; and
+  // gemm split by linear: qkv, o, gate_up, down (each with its LoRA deltas).
   bool profiling = false;
   std::vector<double> times = std::vector<double>(4, 0.0);
+  std::vector<double> linear_times = std::vector<double>(4, 0.0);
 
   LlamaStack(int64_t hidden_, int64_t heads, int64_t kv_heads, int64_t head_dim,
              int64_t inter_, double eps_, at::Tensor final_norm_)
@@ -50,8 +52,10 @@ struct LlamaStack : torch::CustomClassHolder {
   void set_profiling(bool on) {
     profiling = on;
     std::fill(times.begin(), times.end(), 0.0);
+    std::fill(linear_times.begin(), linear_times.end(), 0.0);
   }
   std::vector<double> profile() const { return times; }
+  std::vector<double> linear_profile() const { return linear_times; }
 
   at::Tensor forward(at::Tensor h_in, at::Tensor positions, at::Tensor cos_sin,
                      std::vector<at::Tensor> kv_caches, at::Tensor block_tables,
