@@ -76,6 +76,7 @@ def cmd_throughput(args: argparse.Namespace) -> int:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
+    from roseinfer.bench.prefill_profile import format_prefill_profile, run_prefill_profile
     from roseinfer.bench.profile import format_profile, run_profile
     from roseinfer.engine.engine import LLMEngine
 
@@ -87,6 +88,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
         prof = run_profile(engine, b, args.prompt_len, args.steps, args.bench_seed)
         print(format_profile(prof))
         payload["profiles"].append(prof)
+    if args.prefill_len:
+        pre = run_prefill_profile(engine, args.prefill_len, args.prefill_repeats, args.bench_seed)
+        print(format_prefill_profile(pre))
+        payload["prefill"] = pre
     out = _write_json("profile.json", payload, args.output)
     print(f"wrote {out}")
     return 0
@@ -117,11 +122,15 @@ def register(subparsers: Any) -> None:
                     help="skip measuring read bandwidth and batch 1's share of its limit")
     tp.set_defaults(func=cmd_throughput)
 
-    pr = sub.add_parser("profile", help="where one decode step's time goes")
+    pr = sub.add_parser("profile", help="where one decode step's (and a prefill's) time goes")
     add_engine_args(pr)
     _add_common(pr)
     pr.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
     pr.add_argument("--steps", type=int, default=16)
+    pr.add_argument("--prefill-len", type=int, default=0,
+                    help="also profile the prefill of one prompt of this many tokens")
+    pr.add_argument("--prefill-repeats", type=int, default=3,
+                    help="prefills to take the median of (after a warm-up)")
     pr.set_defaults(func=cmd_profile)
 
     sv = sub.add_parser("serve", help="online load against an OpenAI-compatible server")

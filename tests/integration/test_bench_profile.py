@@ -50,3 +50,21 @@ def test_profile_reports_each_linear_with_its_read_and_arithmetic_rates(llm: LLM
         assert v["gflop_s"] * v["ms"] * 1e6 == pytest.approx(flops)
     text = format_profile(prof)
     assert "the stack's GEMMs by linear" in text and "gate_up" in text
+
+
+def test_prefill_profile_splits_a_prompt_by_the_stack_timers(llm: LLM) -> None:
+    from roseinfer.bench.prefill_profile import format_prefill_profile, run_prefill_profile
+
+    prof = run_prefill_profile(llm.engine, 40, repeats=2)
+    assert prof["tok_s"] == pytest.approx(40 / prof["ms"] * 1e3)
+    parts = prof["stack_ms"]
+    assert set(parts) == {"gemm", "attention", "kv_write", "row_ops"}
+    assert all(v > 0 for v in parts.values()) and sum(parts.values()) < prof["ms"]
+    lin = prof["linears"]
+    assert tuple(lin) == LINEAR_KINDS
+    assert sum(v["ms"] for v in lin.values()) == pytest.approx(parts["gemm"], rel=0.05)
+    text = format_prefill_profile(prof)
+    assert "prefill of 40 tokens" in text and "gate_up" in text
+    assert not llm.engine.has_unfinished_requests()
+    with pytest.raises(ValueError):
+        run_prefill_profile(llm.engine, 0)
