@@ -223,7 +223,8 @@ void rows_kquant_zmm(const GgufPanels& g, const RowsArgs& r, int64_t p0, int64_t
 // M = -(dmin mn) computed together (into L1), then each 32-block adds
 // fma(float(dot), dx * D, acc) and then fma(sx, M, .) per row: the same integer dots and
 // fp32 steps in the same order as panels_avx2's tiles (scale_min_add), so the same bits.
-// Each 32-block prefetches its share of the super-block 4 on (panels are contiguous).
+// Each 32-block prefetches its share of the super-block kSuperBlocksAhead on (panels
+// are contiguous).
 template <class F, int MR>
 void rows_kquant(const GgufPanels& g, const RowsArgs& r, int64_t p0, int64_t p1,
                  const float* bias, float* y, int64_t ldy) {
@@ -269,7 +270,7 @@ void rows_kquant(const GgufPanels& g, const RowsArgs& r, int64_t p0, int64_t p1,
 // the sums start at -32 * the half's activation sum) and adds fma(float(dot0), dx * D0,
 // acc), then fma(float(dot1), dx * D1, .): the same integer dots and fp32 steps in the
 // same order as panels_avx2's tiles (q6k_scale), so the same bits.  Each 32-block
-// prefetches its share of the super-block 4 on (panels are contiguous).
+// prefetches its share of the super-block kSuperBlocksAhead on (panels are contiguous).
 template <int MR>
 void rows_q6k(const GgufPanels& g, const RowsArgs& r, int64_t p0, int64_t p1,
               const float* bias, float* y, int64_t ldy) {
