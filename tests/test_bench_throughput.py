@@ -27,3 +27,25 @@ def test_decode_rate_counts_only_steps_with_every_sequence_in_flight(
     result = throughput.run_engine_once(engine, prompts, gen_len=8)
     assert result.decode_tok_s == 4.0
     assert result.prefill_tok_s < 4 * 16  # several prefill steps of 1 s each
+
+
+def test_batch_one_takes_the_bandwidth_probed_around_its_own_runs() -> None:
+    """The probe runs right before and after batch 1's runs (not other batch sizes'),
+    and the bandwidth report divides by the higher reading."""
+    engine = engine_from_hf(tiny_hf_llama(), num_kv_blocks=64, block_size=16)
+    readings = iter([20.0, 35.0])
+    calls: list[float] = []
+
+    def probe() -> float:
+        calls.append(next(readings))
+        return calls[-1]
+
+    results = throughput.run_throughput(engine, [2, 1], prompt_len=8, gen_len=4, probe=probe)
+    assert calls == [20.0, 35.0]
+    by_batch = {r.batch_size: r for r in results}
+    assert by_batch[1].read_bandwidth_gbs == 35.0 and by_batch[2].read_bandwidth_gbs is None
+    report = throughput.bandwidth_report(engine, results)
+    assert report["read_bandwidth_gbs"] == 35.0
+    assert report["batch1_pct_of_limit"] == pytest.approx(
+        100 * by_batch[1].decode_tok_s / report["limit_tok_s"])
+    assert "changed" in throughput.format_bandwidth(report | {"batch1_pct_of_limit": 120.0})

@@ -59,9 +59,12 @@ def cmd_throughput(args: argparse.Namespace) -> int:
     from roseinfer.engine.engine import LLMEngine
 
     engine = LLMEngine(engine_config_from_args(args))
+    from roseinfer.bench.bandwidth import read_bandwidth_gbs
+
     results = run_throughput(
         engine, args.batch_sizes, args.prompt_len, args.gen_len, args.repeat,
         compare_hf=args.compare_hf, hf_batch_sizes=args.hf_batch_sizes, seed=args.bench_seed,
+        probe=read_bandwidth_gbs if args.bandwidth else None,
     )
     header = _header(args, engine) | {"prompt_len": args.prompt_len, "gen_len": args.gen_len}
     payload = results_json(results, header)

@@ -15,7 +15,9 @@ every step is timed on its own:
 
 ``--compare-hf`` runs HF transformers ``generate`` on the same prompts in the same
 process (greedy, ``min_new_tokens = max_new_tokens = G``) and prints our output
-tok/s over theirs.  Figures are medians over ``--repeat`` runs.  Before each run the KV
+tok/s over theirs.  Figures are medians over ``--repeat`` runs; the read bandwidth
+behind batch 1's share of its limit is probed right before and after batch 1's runs
+(the higher of the two).  Before each run the KV
 blocks it will take are written once (``touch_next_blocks``): a run measures a server's
 steady state, not the first backing of the pool's pages.
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -51,6 +54,9 @@ class ThroughputResult:
     total_tok_s: float
     wall_s: float
     hf_output_tok_s: float | None = None
+    # read bandwidth (GB/s) probed right before and after this batch size's runs, the
+    # higher (batch 1, when run_throughput has a probe): the limit its runs had
+    read_bandwidth_gbs: float | None = None
 
     @property
     def hf_ratio(self) -> float | None:
@@ -158,19 +164,26 @@ def run_throughput(
     compare_hf: bool = False,
     hf_batch_sizes: list[int] | None = None,
     seed: int = 0,
+    probe: Callable[[], float] | None = None,
 ) -> list[ThroughputResult]:
-    """Run the offline benchmark for each batch size; optionally HF side by side."""
+    """Run the offline benchmark for each batch size; optionally HF side by side.
+    ``probe`` (read bandwidth, GB/s) runs right before and after batch 1's runs: a
+    machine's memory speed can change within a benchmark (a VM's neighbours), and
+    batch 1's share of the limit needs the speed its own runs had."""
     vocab = engine.model_config.vocab_size
     warm = random_prompts(1, min(prompt_len, 32), vocab, seed + 999)
     run_engine_once(engine, warm, 4)
     hf_model = load_hf_model(engine.config.model) if compare_hf else None
     results = []
     for b in batch_sizes:
+        probes = [probe()] if probe is not None and b == 1 else []
         runs = []
         for r in range(repeat):
             prompts = random_prompts(b, prompt_len, vocab, seed + 17 * r + b)
             runs.append(run_engine_once(engine, prompts, gen_len))
         res = _median_result(runs)
+        if probes:
+            res.read_bandwidth_gbs = max(*probes, probe())
         if hf_model is not None and (hf_batch_sizes is None or b in hf_batch_sizes):
             res.hf_output_tok_s = hf_generate_tok_s(
                 hf_model, random_prompts(b, prompt_len, vocab, seed + b), gen_len)
@@ -199,7 +212,9 @@ def bandwidth_report(engine: LLMEngine, results: list[ThroughputResult]) -> dict
     """Read bandwidth, weight bytes per step, the one-stream limit and batch 1's share."""
     weight_bytes = weight_bytes_per_step(resolve_model_path(engine.config.model),
                                          engine.model_config, engine.quantization)
-    bandwidth = read_bandwidth_gbs()
+    b1_run = next((r for r in results if r.batch_size == 1), None)
+    bandwidth = (b1_run.read_bandwidth_gbs if b1_run and b1_run.read_bandwidth_gbs
+                 else read_bandwidth_gbs())
     limit = bandwidth_limit_tok_s(weight_bytes, bandwidth)
     b1 = next((r.decode_tok_s for r in results if r.batch_size == 1), None)
     return {"read_bandwidth_gbs": bandwidth, "weight_bytes_per_step": weight_bytes,
@@ -211,6 +226,9 @@ def format_bandwidth(report: dict[str, Any]) -> str:
     line = (f"bandwidth: read {report['read_bandwidth_gbs']:.1f} GB/s, weights "
             f"{report['weight_bytes_per_step'] / 1e9:.3f} GB per step -> one stream <= "
             f"{report['limit_tok_s']:.1f} tok/s")
-    if report["batch1_pct_of_limit"] is not None:
-        line += f"; batch 1 decode at {report['batch1_pct_of_limit']:.0f}% of it"
+    pct = report["batch1_pct_of_limit"]
+    if pct is not None:
+        line += f"; batch 1 decode at {pct:.0f}% of it"
+        if pct > 100:
+            line += " (above the limit: the memory's speed changed while batch 1 ran)"
     return line
