@@ -49,6 +49,7 @@ def _write_json(name: str, payload: dict[str, Any], path: str | None) -> Path:
 
 
 def cmd_throughput(args: argparse.Namespace) -> int:
+    from roseinfer.bench.bandwidth import read_bandwidth_gbs
     from roseinfer.bench.throughput import (
         bandwidth_report,
         format_bandwidth,
@@ -59,8 +60,6 @@ def cmd_throughput(args: argparse.Namespace) -> int:
     from roseinfer.engine.engine import LLMEngine
 
     engine = LLMEngine(engine_config_from_args(args))
-    from roseinfer.bench.bandwidth import read_bandwidth_gbs
-
     results = run_throughput(
         engine, args.batch_sizes, args.prompt_len, args.gen_len, args.repeat,
         compare_hf=args.compare_hf, hf_batch_sizes=args.hf_batch_sizes, seed=args.bench_seed,

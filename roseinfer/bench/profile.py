@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from torch.autograd.profiler import record_function
 
-from roseinfer.bench.bandwidth import linear_bytes_per_step, linear_weights
+from roseinfer.bench.bandwidth import LINEAR_KINDS, linear_bytes_per_step, linear_weights
 from roseinfer.bench.throughput import random_prompts, touch_next_blocks
 from roseinfer.engine.engine import LLMEngine
 from roseinfer.engine.scheduler import SchedulerOutput
@@ -185,8 +185,7 @@ def _runner_breakdown(engine: LLMEngine, steps: int) -> tuple[dict[str, float],
     linears: dict[str, float] = {}
     if stack is not None:
         gemm, attention, kv_write, row_ops = stack.profile()
-        linears = dict(zip(("qkv", "o", "gate_up", "down"), stack.linear_profile(),
-                           strict=True))
+        linears = dict(zip(LINEAR_KINDS, stack.linear_profile(), strict=True))
         stack.set_profiling(False)
         totals["gemm"] += gemm
         totals["attention"] += attention
