@@ -60,11 +60,12 @@ struct RowsArgs {
 };
 
 // The one-32-block loops' prefetch: the block kBlocksAhead on from blk (the next
-// panel's, near a panel's end: panels are contiguous).  16 rather than 32: in one-row
-// steps from DRAM (Zen 5, 2 threads, alternate requests in one process) the random 1B's
-// Q4_0 qkv / o / down 4-5% / 2-5% / 2% faster a layer, the 8B's 5% / 2% / 3%, the
-// default model's Q4_1 ones within noise.
-constexpr int64_t kBlocksAhead = 16;
+// panel's, near a panel's end: panels are contiguous).  24 rather than 32 (Zen 5, 2
+// threads, one row of Q4_0 2048x8192 from DRAM, alternated): 51.4 against 49.1 GB/s
+// while the host's memory read ~52 GB/s, 80.3 against 77.1 while it read ~83; 16 was
+// better at ~52 (52.2; the random 1B's qkv / o / down 4% / 5% / 2% faster a layer) but
+// worse at ~83 (74.9, and 2 rows 62.9 against 74.1).
+constexpr int64_t kBlocksAhead = 24;
 template <class F>
 inline void prefetch_block_ahead(const uint8_t* blk) {
   for (int64_t i = 0; i < F::kPanel; i += 64)
@@ -75,7 +76,8 @@ inline void prefetch_block_ahead(const uint8_t* blk) {
 // The K-quant loops' prefetch: 32-block jj's share of the super-block
 // kSuperBlocksAhead on from psb (panels are contiguous).  3 rather than 4: one row from
 // DRAM (Zen 5, 2 threads, alternated) Q6_K 2048x49152 48.7 -> 50.6 GB/s, Q4_K 2048x8192
-// 47.5 -> 49.8; the random 1B Q4_K_M's step 15.40 -> 15.14 ms.
+// 47.5 -> 49.8; the random 1B Q4_K_M's step 15.40 -> 15.14 ms (all while the host's
+// memory read ~50 GB/s: not measured in its ~83 GB/s state, which may want more).
 constexpr int64_t kSuperBlocksAhead = 3;
 template <class F>
 inline void prefetch_sb_share(const uint8_t* psb, int jj) {

@@ -104,7 +104,8 @@ void panels_scalar(const int8_t* xq, const float* dx, const float* sx, int64_t M
 // How far ahead the nibble loop fetches (bytes; 12 32-blocks of a panel): from DRAM, one
 // row's gate/up read 3-4% faster than at 1,024 (Zen 5, 2 threads; the 1B's 2048x16384
 // Q4_0 48.4 -> 50.2 GB/s, the default model's 576x3072 Q4_1 37.4 -> 38.9, medians of 8
-// alternated rounds; in the default model's steps 23.9 -> 22.7 us a layer).
+// alternated rounds, the host's memory at ~50 GB/s; in the default model's steps 23.9 ->
+// 22.7 us a layer).
 constexpr int64_t kNibAhead = 3072;
 
 // One 32-block on 512-bit registers: a step's 16 columns x 4 unsigned weights in one
