@@ -176,14 +176,14 @@ def run_throughput(
     hf_model = load_hf_model(engine.config.model) if compare_hf else None
     results = []
     for b in batch_sizes:
-        probes = [probe()] if probe is not None and b == 1 else []
+        before = probe() if probe is not None and b == 1 else None
         runs = []
         for r in range(repeat):
             prompts = random_prompts(b, prompt_len, vocab, seed + 17 * r + b)
             runs.append(run_engine_once(engine, prompts, gen_len))
         res = _median_result(runs)
-        if probes:
-            res.read_bandwidth_gbs = max(*probes, probe())
+        if before is not None:
+            res.read_bandwidth_gbs = max(before, probe())
         if hf_model is not None and (hf_batch_sizes is None or b in hf_batch_sizes):
             res.hf_output_tok_s = hf_generate_tok_s(
                 hf_model, random_prompts(b, prompt_len, vocab, seed + b), gen_len)
