@@ -43,6 +43,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-cache-memory-fraction", type=float, default=0.5,
                    help="share of the available memory the default KV pool may take")
     g.add_argument("--num-kv-blocks", type=int, default=None)
+    g.add_argument("--kv-cache-prefault-gb", type=float, default=1.0,
+                   help="GiB of the KV pool's next blocks backed with memory ahead of use by "
+                        "a background thread at the lowest CPU priority (0: off, pages "
+                        "backed when first written)")
     g.add_argument("--max-num-seqs", type=int, default=64)
     g.add_argument("--max-num-batched-tokens", type=int, default=256)
     g.add_argument("--max-model-len", type=int, default=None)
@@ -85,7 +89,9 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         kv_cache_dtype=args.kv_cache_dtype, block_size=args.block_size,
         kv_cache_memory_gb=args.kv_cache_memory_gb,
         kv_cache_memory_fraction=getattr(args, "kv_cache_memory_fraction", 0.5),
-        num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs,
+        num_kv_blocks=args.num_kv_blocks,
+        kv_cache_prefault_gb=getattr(args, "kv_cache_prefault_gb", 1.0),
+        max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         enable_prefix_caching=args.enable_prefix_caching, num_threads=args.num_threads,
         kv_cache_dir=getattr(args, "kv_cache_dir", None),

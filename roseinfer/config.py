@@ -48,6 +48,11 @@ class EngineConfig:
     kv_cache_memory_gb: float | None = None
     kv_cache_memory_fraction: float = 0.5
     num_kv_blocks: int | None = None  # explicit KV pool size in blocks
+    # GiB of the KV pool's next blocks a background thread backs with memory ahead of the
+    # engine's first writes, at the lowest CPU priority (CPU, Linux 5.14+; 0 = off: each
+    # block's pages are backed when first written, which on a fresh pool cost the served
+    # workload ~6%: roseinfer/runner/kv_backing.py).
+    kv_cache_prefault_gb: float = 1.0
     max_num_seqs: int = 64  # most requests in one step
     # Token budget of one step (= prefill chunk size).  256 keeps a step with a prefill
     # chunk near 0.25 s on 2 cores, so new requests start (TTFT) and running ones advance
@@ -118,6 +123,9 @@ class EngineConfig:
                 f"EngineConfig.kv_cache_memory_gb must be None or > 0, got "
                 f"{self.kv_cache_memory_gb!r}"
             )
+        if not self.kv_cache_prefault_gb >= 0:
+            raise ValueError("EngineConfig.kv_cache_prefault_gb must be >= 0, got "
+                             f"{self.kv_cache_prefault_gb!r}")
         if not 0 < self.kv_cache_memory_fraction <= 1:
             raise ValueError("EngineConfig.kv_cache_memory_fraction must be in (0, 1], got "
                              f"{self.kv_cache_memory_fraction!r}")

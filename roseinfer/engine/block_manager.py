@@ -93,6 +93,9 @@ class BlockManager:
         # Blocks in _free_queue that hold a hash (kept as they come and go: the stats read
         # it after every step, and counting a pool of thousands took ~0.3 ms a read).
         self._num_cached_free = 0
+        # One past the largest block id ever taken: fresh blocks go in id order, so the
+        # pool's pages past it were never written (KVBacking backs them ahead of use).
+        self.high_water = 0
         # Prefix-cache counters (tokens), read by metrics.
         self.prefix_queries = 0
         self.prefix_hits = 0
@@ -243,6 +246,7 @@ class BlockManager:
 
     def _take_fresh_block(self) -> int:
         block_id, _ = self._free_queue.popitem(last=False)
+        self.high_water = max(self.high_water, block_id + 1)
         block = self.blocks[block_id]
         if block.block_hash is not None:  # evict its cached prefix
             self._num_cached_free -= 1

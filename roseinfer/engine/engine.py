@@ -58,6 +58,7 @@ from roseinfer.lora.setup import setup_lora
 from roseinfer.model.config import ModelConfig
 from roseinfer.outputs import RequestMetrics, RequestOutput
 from roseinfer.pooling_params import PoolingParams
+from roseinfer.runner.kv_backing import start_kv_backing
 from roseinfer.runner.model_runner import StepLogits
 from roseinfer.runner.sampler import Sampler
 from roseinfer.sampling_params import SamplingParams
@@ -102,7 +103,8 @@ class LLMEngine:
         capacity = num_blocks * block_size
         self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
                                  model_config.max_position_embeddings, capacity)
-        self.block_manager = BlockManager(num_blocks, block_size, config.enable_prefix_caching)
+        self.block_manager = bm = BlockManager(num_blocks, block_size,
+                                               config.enable_prefix_caching)
         # Persistent prefix cache (kv_cache_dir): blocks spill to disk and come back.
         self.kv_disk = (open_disk_tier(config, self.runner.kv_caches, model_config, weights,
                                        self.quantization, self.dtype)
@@ -110,8 +112,15 @@ class LLMEngine:
         if self.kv_disk is not None:
             self.block_manager.disk = self.kv_disk
             self._kv_disk_finalizer = weakref.finalize(self, self.kv_disk.close, 10.0)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
-                                   config.max_num_batched_tokens, self.max_model_len)
+        self.scheduler = sched = Scheduler(self.block_manager, config.max_num_seqs,
+                                           config.max_num_batched_tokens, self.max_model_len)
+        # The pool's next blocks backed ahead of use while idle (kv_backing.py; on CPU;
+        # a tensor-parallel runner's workers back theirs when written).
+        self.kv_backing = start_kv_backing(self.runner.kv_caches, block_size, num_blocks,
+                                           lambda: bm.high_water, sched.has_unfinished,
+                                           config.kv_cache_prefault_gb)
+        if self.kv_backing is not None:
+            weakref.finalize(self, self.kv_backing.stop)
         unseeded_rng = torch.Generator(device=self.device)
         unseeded_rng.manual_seed(config.seed)
         self.sampler = Sampler(unseeded_rng)  # RNG of requests without their own seed
@@ -154,6 +163,8 @@ class LLMEngine:
             self.block_manager.persist()
             self.kv_disk.close(30.0)
             self._kv_disk_finalizer.detach()
+        if self.kv_backing is not None:
+            self.kv_backing.stop()
         self.runner.shutdown()
 
     # -------------------------------------------------------------- requests

@@ -14,7 +14,9 @@ Size (``num_kv_blocks``), first match wins:
 
 On CPU the pool's memory is an anonymous mapping per layer (``allocate_kv_caches``):
 zero pages the kernel only backs when a block is first written, so a large default
-pool costs memory as it fills, not at start (on other devices: ``torch.zeros``).  The
+pool costs memory as it fills, not at start (on other devices: ``torch.zeros``); while
+the engine is idle, ``kv_backing`` backs the next ``kv_cache_prefault_gb`` GiB of blocks
+ahead of their first write.  The
 mapping is private and advised ``MADV_HUGEPAGE``: with transparent huge pages in
 ``madvise`` mode it is backed 2 MiB at a time, which spares attention the TLB misses of
 4 KiB pages (docs/kv-cache.md: float16's op ~10% faster at batch 64).  A shared
