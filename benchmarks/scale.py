@@ -56,8 +56,11 @@ def worker(path: str, measures: list[str], threads: int, kv_gb: float) -> dict[s
     from roseinfer.config import EngineConfig
     from roseinfer.engine.engine import LLMEngine
 
+    # kv_cache_prefault_gb=0: the RSS after load is the weights', not however much of the
+    # pool the idle-time backing thread reached by then
     engine = LLMEngine(EngineConfig(model=path, num_threads=threads, kv_cache_memory_gb=kv_gb,
-                                    max_num_batched_tokens=512, max_num_seqs=16))
+                                    max_num_batched_tokens=512, max_num_seqs=16,
+                                    kv_cache_prefault_gb=0.0))
     out: dict[str, Any] = {"start_s": time.perf_counter() - start,
                            "rss_gb": psutil.Process().memory_info().rss / _GB,
                            "peak_gb": _vm_hwm() / _GB,
