@@ -44,9 +44,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="share of the available memory the default KV pool may take")
     g.add_argument("--num-kv-blocks", type=int, default=None)
     g.add_argument("--kv-cache-prefault-gb", type=float, default=1.0,
-                   help="GiB of the KV pool's next blocks backed with memory ahead of use by "
-                        "a background thread at the lowest CPU priority (0: off, pages "
-                        "backed when first written)")
+                   help="GiB of the KV pool's next blocks backed with memory ahead of use "
+                        "while the engine is idle (0: off, pages backed when first "
+                        "written; docs/kv-cache.md)")
     g.add_argument("--max-num-seqs", type=int, default=64)
     g.add_argument("--max-num-batched-tokens", type=int, default=256)
     g.add_argument("--max-model-len", type=int, default=None)

@@ -49,9 +49,9 @@ class EngineConfig:
     kv_cache_memory_fraction: float = 0.5
     num_kv_blocks: int | None = None  # explicit KV pool size in blocks
     # GiB of the KV pool's next blocks a background thread backs with memory ahead of the
-    # engine's first writes, at the lowest CPU priority (CPU, Linux 5.14+; 0 = off: each
+    # engine's first writes, while the engine is idle (CPU, Linux 5.14+; 0 = off: each
     # block's pages are backed when first written, which on a fresh pool cost the served
-    # workload ~6%: roseinfer/runner/kv_backing.py).
+    # workload 5-14% on a VM: roseinfer/runner/kv_backing.py).
     kv_cache_prefault_gb: float = 1.0
     max_num_seqs: int = 64  # most requests in one step
     # Token budget of one step (= prefill chunk size).  256 keeps a step with a prefill

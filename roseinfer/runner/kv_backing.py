@@ -137,4 +137,6 @@ def start_kv_backing(caches: list[Tensor], block_size: int, num_blocks: int,
         return None
     per_block = sum(c.element_size() * c.numel() for c in caches) // num_blocks
     window = int(window_gb * (1 << 30)) // max(1, per_block)
+    if window < 1:  # less than a block
+        return None
     return KVBacking(caches, block_size, num_blocks, high_water, busy, window).start()
