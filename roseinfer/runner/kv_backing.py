@@ -102,10 +102,11 @@ class KVBacking:
         madvise.restype = ctypes.c_int
         began, reported = time.monotonic(), False
         while not self._stop.is_set():
-            self.backed = max(self.backed, min(self._high_water(), self._num_blocks))
+            high = min(self._high_water(), self._num_blocks)  # read once a pass
+            self.backed = max(self.backed, high)
             if self.backed >= self._num_blocks:
                 return
-            target = min(self._num_blocks, self._high_water() + self._window)
+            target = min(self._num_blocks, high + self._window)
             if self.backed >= target or self._busy():
                 if not reported and self.backed >= target:
                     reported = True

@@ -50,8 +50,7 @@ def resident_blocks(caches: list[torch.Tensor], lo: int, hi: int) -> list[float]
 
 def backing(caches: list[torch.Tensor], high: list[int], busy: list[bool],
             window: int) -> KVBacking:
-    kb = KVBacking(caches, BS, BLOCKS, lambda: high[0], lambda: busy[0], window).start()
-    return kb
+    return KVBacking(caches, BS, BLOCKS, lambda: high[0], lambda: busy[0], window).start()
 
 
 def wait_backed(kb: KVBacking, blocks: int) -> None:
